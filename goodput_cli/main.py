@@ -1,0 +1,129 @@
+"""The one entry point, `goodput`.
+
+Each package owns its commands in its own `cli.py` and adds them through `register(registry)`.
+Commands that DESIGN.md lists but no package has registered yet still appear in `--help`; run,
+they say in one line that the capability is not built yet and exit 2 (never a silent stub).
+Heavy imports (torch, statsmodels) happen inside the command functions, so `--help` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Callable
+
+from goodput_cli.errors import UsageError
+
+# Command groups that hold subcommands (`goodput engine serve`, `goodput bench engine`, ...).
+GROUPS = {
+    "engine": "the bundled inference engine",
+    "sidecar": "the measuring proxy",
+    "forecaster": "the forecaster and External Metrics API",
+    "forecast": "forecast accuracy tools",
+    "bench": "performance benchmarks",
+    "dashboards": "Grafana dashboards",
+    "rules": "Prometheus alerting and recording rules",
+}
+
+# Every command DESIGN.md promises, with the issue that builds it.
+EXPECTED = {
+    "demo": ("the embedded default: engine + sidecar + forecaster, replays a real trace", 4),
+    "engine serve": ("serve the bundled engine (OpenAI-compatible)", 3),
+    "sidecar run": ("run the measuring proxy in front of an upstream", 9),
+    "forecaster run": ("run the forecaster and External Metrics API", 5),
+    "load": ("open-loop load against any OpenAI endpoint", 4),
+    "sweep": ("offered-load sweep with goodput curve and knee", 4),
+    "forecast backtest": ("forecast accuracy on a trace", 5),
+    "simulate": ("autoscaling policies replayed on a trace", 6),
+    "dashboards generate": ("write the Grafana dashboards JSON", 7),
+    "dashboards preview": ("render dashboard panels from a live Prometheus to PNG", 7),
+    "rules generate": ("write the alerting and recording rules", 7),
+    "bench engine": ("engine performance against its floors and transformers", 3),
+    "bench sidecar": ("sidecar overhead against a direct connection and a bare relay", 9),
+}
+
+# Modules that register commands; a module that does not exist yet is skipped.
+PROVIDERS = [
+    "engine.cli",
+    "sidecar.cli",
+    "forecaster.cli",
+    "dashboards.cli",
+    "goodput_cli.demo",
+]
+
+
+class Registry:
+    """Hands out argument parsers for command paths like "engine serve" or "load"."""
+
+    def __init__(self, top: argparse._SubParsersAction, groups: dict[str, argparse._SubParsersAction]):
+        self._top = top
+        self._groups = groups
+        self.registered: set[str] = set()
+
+    def command(self, path: str, help: str, func: Callable[[argparse.Namespace], int | None]) -> argparse.ArgumentParser:
+        words = path.split()
+        if len(words) == 1:
+            parent = self._top
+        elif len(words) == 2 and words[0] in self._groups:
+            parent = self._groups[words[0]]
+        else:
+            raise ValueError(f"command path {path!r} must be one word or '<group> <name>' with group in {sorted(self._groups)}")
+        parser = parent.add_parser(words[-1], help=help, description=help)
+        parser.set_defaults(func=func)
+        self.registered.add(path)
+        return parser
+
+
+def _not_built(path: str, issue: int) -> Callable[[argparse.Namespace], int]:
+    def run(_args: argparse.Namespace) -> int:
+        print(f"goodput {path}: not built yet (issue #{issue})", file=sys.stderr)
+        return 2
+
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="goodput",
+        description="Observability and autoscaling sidecar for LLM serving.",
+    )
+    top = parser.add_subparsers(dest="command", metavar="COMMAND")
+    top.required = True
+    groups = {}
+    for name, help in GROUPS.items():
+        group_parser = top.add_parser(name, help=help, description=help)
+        sub = group_parser.add_subparsers(dest="subcommand", metavar="SUBCOMMAND")
+        sub.required = True
+        groups[name] = sub
+    registry = Registry(top, groups)
+    for module_name in PROVIDERS:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == module_name:
+                continue
+            raise
+        module.register(registry)
+    for path, (help, issue) in EXPECTED.items():
+        if path not in registry.registered:
+            registry.command(path, f"{help} [not built yet]", _not_built(path, issue))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code = args.func(args)
+    except UsageError as exc:
+        print(f"goodput: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("goodput: interrupted", file=sys.stderr)
+        return 130
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
