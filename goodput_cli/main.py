@@ -48,7 +48,9 @@ PROVIDERS = [
     "engine.cli",
     "sidecar.cli",
     "forecaster.cli",
+    "forecaster.simulate.cli",
     "dashboards.cli",
+    "sidecar.loadgen.cli",
     "goodput_cli.demo",
 ]
 
