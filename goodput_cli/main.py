@@ -103,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
-            if exc.name == module_name:
+            # Only "that provider does not exist yet" is skipped; a broken import inside it is an error.
+            if exc.name is not None and (module_name == exc.name or module_name.startswith(exc.name + ".")):
                 continue
             raise
         module.register(registry)
