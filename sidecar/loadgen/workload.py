@@ -1,0 +1,60 @@
+"""What a load run sends: one `PlannedRequest` per arrival, from a process or a trace.
+
+Open loop: arrival times are fixed before the run starts and requests go out on schedule whether
+or not earlier ones finished, as `vllm bench serve` and real users do. Closed-loop generators
+(send the next when one finishes) hide queueing and overstate what a server sustains.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class PlannedRequest:
+    """One request of a workload; times are seconds from the start of the run."""
+
+    arrival: float
+    input_tokens: int
+    output_tokens: int
+    # Prefix-block ids (Mooncake): requests sharing the first k ids share that many prefix blocks.
+    hash_ids: tuple[int, ...] = field(default=())
+
+
+def poisson_arrivals(rate: float, count: int, seed: int = 0) -> np.ndarray:
+    """Arrival times of a Poisson process: exponential gaps with mean 1/rate."""
+    if rate <= 0:
+        raise ValueError(f"rate must be > 0 requests/s, got {rate}")
+    rng = np.random.default_rng(seed)
+    return np.cumsum(rng.exponential(1.0 / rate, size=count))
+
+
+def gamma_arrivals(rate: float, cv: float, count: int, seed: int = 0) -> np.ndarray:
+    """Arrival times with Gamma-distributed gaps: mean 1/rate, coefficient of variation `cv`.
+
+    cv = 1 is Poisson; cv > 1 is burstier (vLLM's `--burstiness` is 1/cv²). A Gamma with shape k
+    has CV 1/sqrt(k), so k = 1/cv² and scale = 1/(rate·k) keeps the mean gap at 1/rate.
+    """
+    if rate <= 0:
+        raise ValueError(f"rate must be > 0 requests/s, got {rate}")
+    if cv <= 0:
+        raise ValueError(f"cv must be > 0, got {cv}")
+    shape = 1.0 / (cv * cv)
+    rng = np.random.default_rng(seed)
+    return np.cumsum(rng.gamma(shape, 1.0 / (rate * shape), size=count))
+
+
+def synthetic_workload(times: np.ndarray, input_tokens: int, output_tokens: int,
+                       spread: float = 0.0, seed: int = 0) -> list[PlannedRequest]:
+    """Fixed (or uniformly spread by ±`spread` fraction) lengths at the given arrival times."""
+    rng = np.random.default_rng(seed + 1)
+    out = []
+    for t in times:
+        n_in, n_out = input_tokens, output_tokens
+        if spread > 0:
+            n_in = max(1, int(round(input_tokens * rng.uniform(1 - spread, 1 + spread))))
+            n_out = max(1, int(round(output_tokens * rng.uniform(1 - spread, 1 + spread))))
+        out.append(PlannedRequest(float(t), n_in, n_out))
+    return out
