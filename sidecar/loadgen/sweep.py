@@ -1,0 +1,115 @@
+"""Offered-load sweep: goodput and throughput against offered rate, and the knee.
+
+The knee is the highest offered rate whose attainment still meets the SLO objective. Past it,
+throughput keeps rising (continuous batching packs more tokens per step) while goodput falls:
+the picture that says why throughput is the wrong number to scale on.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from sidecar.loadgen.summary import Summary
+
+
+@dataclass
+class SweepPoint:
+    rate: float
+    summary: Summary
+
+
+def find_knee(points: list[SweepPoint], objective: float) -> SweepPoint | None:
+    """Highest offered rate whose attainment >= objective (None when even the lowest misses)."""
+    ok = [p for p in points if p.summary.attainment >= objective]
+    return max(ok, key=lambda p: p.rate) if ok else None
+
+
+def sweep_json(points: list[SweepPoint], objective: float, slo: dict, meta: dict) -> dict:
+    knee = find_knee(points, objective)
+    return {
+        "knee": None if knee is None else {"rate": knee.rate, "attainment": knee.summary.attainment,
+                                           "goodput": knee.summary.goodput},
+        "objective": objective,
+        "slo": slo,
+        "meta": meta,
+        "points": [{"rate": p.rate, **p.summary.to_json()} for p in points],
+    }
+
+
+def write_report(out: Path, points: list[SweepPoint], objective: float, slo: dict, meta: dict) -> dict:
+    """sweep.json, summary.md and two PNG plots in `out`; returns the JSON document."""
+    out.mkdir(parents=True, exist_ok=True)
+    doc = sweep_json(points, objective, slo, meta)
+    (out / "sweep.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    (out / "summary.md").write_text(markdown(doc))
+    if points:
+        plot(points, doc, out)
+    return doc
+
+
+def markdown(doc: dict) -> str:
+    knee = doc["knee"]
+    slo = doc["slo"]
+    head = [f"# Goodput sweep\n",
+            f"SLO: TTFT ≤ {slo.get('ttft')} s, TPOT ≤ {slo.get('tpot')} s"
+            + (f", E2E ≤ {slo['e2e']} s" if slo.get("e2e") else "") + f"; objective {doc['objective']:.0%}.\n",
+            ("Knee: **%.3g req/s** (attainment %.1f %%, goodput %.3g req/s).\n"
+             % (knee["rate"], knee["attainment"] * 100, knee["goodput"])) if knee else "Knee: none (no rate met the objective).\n",
+            "| offered req/s | achieved req/s | goodput req/s | attainment | output tok/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | errors |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def ms(v):
+        return "-" if v is None else f"{v * 1000:.0f}"
+
+    for p in doc["points"]:
+        head.append(f"| {p['rate']:.3g} | {p['achieved_rate']:.3f} | {p['goodput']:.3f} | {p['attainment'] * 100:.1f} % | "
+                    f"{p['output_tokens_per_s']:.1f} | {ms(p['ttft']['p50'])} | {ms(p['ttft']['p99'])} | "
+                    f"{ms(p['tpot']['p50'])} | {ms(p['tpot']['p99'])} | {p['errors']} |")
+    return "\n".join(head) + "\n"
+
+
+def plot(points: list[SweepPoint], doc: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rates = [p.rate for p in points]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    ax.plot(rates, [p.summary.achieved_rate for p in points], "o-", label="throughput (completed req/s)")
+    ax.plot(rates, [p.summary.goodput for p in points], "s-", label="goodput (req/s meeting SLO)")
+    ax.plot(rates, rates, ":", color="grey", label="offered")
+    if doc["knee"]:
+        ax.axvline(doc["knee"]["rate"], color="red", ls="--", label=f"knee {doc['knee']['rate']:.3g} req/s")
+    ax.set_xlabel("offered load (req/s)")
+    ax.set_ylabel("req/s")
+    ax2 = ax.twinx()
+    ax2.plot(rates, [p.summary.output_tokens_per_s for p in points], "^-", color="tab:green", alpha=0.6,
+             label="output tokens/s")
+    ax2.set_ylabel("output tokens/s")
+    lines = ax.get_legend_handles_labels()
+    lines2 = ax2.get_legend_handles_labels()
+    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper left", fontsize=8)
+    ax.set_title("Goodput vs throughput against offered load")
+    fig.tight_layout()
+    fig.savefig(out / "goodput.png", dpi=110)
+    plt.close(fig)
+
+    slo = doc["slo"]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    for ax, name in zip(axes, ("ttft", "tpot")):
+        for q, style in (("p50", "o-"), ("p99", "s-")):
+            ys = [getattr(p.summary, name)[q] for p in points]
+            ax.plot(rates, [None if y is None else y * 1000 for y in ys], style, label=q)
+        if slo.get(name):
+            ax.axhline(slo[name] * 1000, color="red", ls="--", label="SLO")
+        ax.set_xlabel("offered load (req/s)")
+        ax.set_ylabel(f"{name.upper()} (ms)")
+        ax.set_yscale("log")
+        ax.legend(fontsize=8)
+        ax.set_title(name.upper())
+    fig.tight_layout()
+    fig.savefig(out / "latency.png", dpi=110)
+    plt.close(fig)
