@@ -1,0 +1,165 @@
+"""`goodput demo`: the embedded default, everything on this machine.
+
+Starts the bundled engine (SmolLM2 by default), the sidecar in front of it and the forecaster
+(scraping the sidecar), calibrates how fast this machine serves, replays a slice of a real trace
+time-scaled to that capacity through the sidecar, shows a live view read from the components'
+own /metrics, and ends with a report and the metrics URLs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import time
+from pathlib import Path
+
+from goodput_cli.errors import UsageError
+
+BUNDLED_TRACE = Path(__file__).resolve().parent.parent / "sidecar" / "loadgen" / "data" / "azure_code_5min.csv"
+
+
+def register(registry) -> None:
+    p = registry.command("demo", "the embedded default: engine + sidecar + forecaster, replays a real trace", run)
+    p.add_argument("--model", default="smollm2", help="engine model: smollm2 (default), tiny, or a path")
+    p.add_argument("--trace", type=Path, default=BUNDLED_TRACE, help="trace to replay (default: bundled Azure code slice)")
+    p.add_argument("--trace-duration", type=float, default=120.0, help="seconds of the trace to replay (default 120)")
+    p.add_argument("--load", type=float, default=0.8,
+                   help="mean offered load as a fraction of the calibrated capacity (default 0.8; bursts go above)")
+    p.add_argument("--max-input", type=int, default=192, help="cap prompt lengths (one scale factor, default 192)")
+    p.add_argument("--max-output", type=int, default=32, help="cap output lengths (default 32)")
+    p.add_argument("--slo-ttft", type=float, default=3.0, help="TTFT objective for the demo, seconds")
+    p.add_argument("--slo-tpot", type=float, default=0.5, help="TPOT objective for the demo, seconds")
+    p.add_argument("--engine-port", type=int, default=8000)
+    p.add_argument("--sidecar-port", type=int, default=8080)
+    p.add_argument("--forecaster-port", type=int, default=9300)
+    p.add_argument("--out", type=Path, default=Path("demo-report"), help="report folder (default demo-report)")
+    p.add_argument("--keep-running", action="store_true", help="leave the servers up after the report until Ctrl-C")
+
+
+def _slo_file(out: Path, ttft: float, tpot: float) -> Path:
+    path = out / "slo.yaml"
+    path.write_text("default_class: demo\nclasses:\n"
+                    f"  - name: demo\n    ttft: {ttft}\n    tpot: {tpot}\n    objective: 0.9\n")
+    return path
+
+
+def start_stack(args) -> list:
+    """Engine, sidecar and (when built) forecaster, each waited for; returns them for stopping."""
+    from goodput_cli.procs import ServerProcess, goodput_command
+
+    procs = []
+    print(f"starting the engine ({args.model}) on :{args.engine_port} (first run fetches and converts the weights)...")
+    procs.append(ServerProcess(goodput_command("engine", "serve", "--model", args.model, "--port", str(args.engine_port)),
+                               f"http://127.0.0.1:{args.engine_port}/health", timeout=600, name="engine"))
+    print(f"starting the sidecar on :{args.sidecar_port}...")
+    procs.append(ServerProcess(goodput_command("sidecar", "run", "--upstream", f"http://127.0.0.1:{args.engine_port}",
+                                               "--port", str(args.sidecar_port), "--slo-config", str(_slo_file(args.out, args.slo_ttft, args.slo_tpot)),
+                                               "--engine-metrics-interval", "1"),
+                               f"http://127.0.0.1:{args.sidecar_port}/healthz", timeout=60, name="sidecar"))
+    if importlib.util.find_spec("forecaster.cli") is not None:
+        print(f"starting the forecaster on :{args.forecaster_port}...")
+        procs.append(ServerProcess(goodput_command("forecaster", "run", *forecaster_args(args)),
+                                   f"http://127.0.0.1:{args.forecaster_port}/metrics", timeout=60, name="forecaster"))
+    return procs
+
+
+def forecaster_args(args) -> list[str]:
+    return ["--targets", f"http://127.0.0.1:{args.sidecar_port}/metrics", "--metrics-port", str(args.forecaster_port),
+            "--interval", "5", "--horizon", "60", "--cold-start", "60"]
+
+
+def calibrate(url: str, model: str, n_in: int, n_out: int, tokenizer) -> float:
+    """Completed requests/s of this machine for a typical request at a small concurrency (4)."""
+    from sidecar.loadgen.prompts import PromptFactory
+    from sidecar.loadgen.runner import LoadConfig, run_load
+    from sidecar.loadgen.workload import PlannedRequest
+    from sidecar.slo import SloClass
+
+    cfg = LoadConfig(base_url=url, model=model, slo=SloClass("calibrate", ttft=1e9, tpot=1e9))
+    prompts = PromptFactory(tokenizer, seed=99)
+    asyncio.run(run_load(cfg, [PlannedRequest(0.0, n_in, 4)], prompts))  # warm-up
+    reqs = [PlannedRequest(0.0, n_in, n_out) for _ in range(4)]
+    records, duration = asyncio.run(run_load(cfg, reqs, prompts))
+    done = sum(r.outcome == "good" for r in records)
+    if done == 0:
+        raise UsageError(f"calibration requests failed: {records[0].error}")
+    return done / duration
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from goodput_cli.demo_view import DemoView
+    from sidecar.loadgen import traces
+    from sidecar.loadgen.prompts import PromptFactory
+    from sidecar.loadgen.runner import LiveStats, LoadConfig, run_load
+    from sidecar.loadgen.summary import format_summary, summarise
+    from sidecar.slo import SloClass
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        reqs = traces.read_trace(args.trace)
+    except traces.TraceError as exc:
+        raise UsageError(str(exc)) from None
+    procs = start_stack(args)
+    try:
+        sidecar_url = f"http://127.0.0.1:{args.sidecar_port}"
+        import httpx
+
+        model = httpx.get(f"{sidecar_url}/v1/models", timeout=30).json()["data"][0]["id"]
+        tokenizer = _tokenizer_path(args.engine_port)
+        slice_ = traces.window(reqs, 0.0, args.trace_duration)
+        fitted, fit = traces.fit_to_model(slice_, max_model_len=2048, max_input=args.max_input, max_output=args.max_output)
+        n_in = int(np.median([r.input_tokens for r in fitted]))
+        n_out = int(np.median([r.output_tokens for r in fitted]))
+        print(f"calibrating: 4 concurrent requests of {n_in} prompt + {n_out} output tokens...")
+        capacity = calibrate(sidecar_url, model, n_in, n_out, tokenizer)
+        trace_rate = len(fitted) / args.trace_duration
+        speedup = args.load * capacity / trace_rate
+        replay = traces.window(fitted, 0.0, None, speedup)
+        print(f"capacity ≈ {capacity:.2f} req/s; replaying {len(replay)} requests of {args.trace.name} "
+              f"({trace_rate:.2f} req/s in the trace) at ×{speedup:.3f} → {len(replay) / replay[-1].arrival:.2f} req/s "
+              f"over {replay[-1].arrival:.0f} s; prompts scaled ×{fit.scale:.3f}, outputs capped at {args.max_output}")
+        slo = SloClass("demo", ttft=args.slo_ttft, tpot=args.slo_tpot, objective=0.9)
+        cfg = LoadConfig(base_url=sidecar_url, model=model, slo=slo)
+        stats = LiveStats()
+        view = DemoView(sidecar_url, f"http://127.0.0.1:{args.forecaster_port}" if len(procs) > 2 else None, stats, len(replay))
+
+        async def go():
+            task = asyncio.ensure_future(run_load(cfg, replay, PromptFactory(tokenizer, seed=1), stats))
+            return await view.run_until(task)
+
+        records, duration = asyncio.run(go())
+        summary = summarise(records, duration, replay[-1].arrival)
+        report = {"model": model, "capacity_req_per_s": capacity, "speedup": speedup, "trace": str(args.trace),
+                  "summary": summary.to_json(), "final_metrics": view.last_snapshot}
+        (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        with open(args.out / "records.jsonl", "w") as fh:
+            for r in records:
+                fh.write(json.dumps(r.to_json()) + "\n")
+        print(format_summary(summary))
+        print(f"\nreport: {args.out}/report.json, records: {args.out}/records.jsonl")
+        print(f"metrics: sidecar {sidecar_url}/metrics  engine http://127.0.0.1:{args.engine_port}/metrics"
+              + (f"  forecaster http://127.0.0.1:{args.forecaster_port}/metrics" if len(procs) > 2 else ""))
+        if args.keep_running:
+            print("servers keep running; Ctrl-C to stop")
+            while True:
+                time.sleep(3600)
+        return 0
+    finally:
+        for p in reversed(procs):
+            p.stop()
+
+
+def _tokenizer_path(engine_port: int):
+    """The engine's tokenizer.json when it tells us where it is (exact prompt lengths), else None."""
+    import httpx
+
+    try:
+        info = httpx.get(f"http://127.0.0.1:{engine_port}/v1/models", timeout=10).json()["data"][0]
+        path = info.get("tokenizer_path")
+        return Path(path) if path and Path(path).is_file() else None
+    except (httpx.HTTPError, KeyError, IndexError, ValueError):
+        return None
