@@ -1,0 +1,87 @@
+"""Dashboard 1, "Goodput and SLOs": is the service serving users in time, per SLO class?"""
+
+from __future__ import annotations
+
+from dashboards import contract as c
+from dashboards.contract import name as m
+from dashboards.panels import CLASS, MODEL, MODEL_CLASS, Query, dashboard, series, single
+
+UID = "goodput-slo"
+RATE = "$__rate_interval"
+
+
+def _requests(outcome_matcher: str = "", by: str = "", window: str = RATE, fn: str = "rate") -> str:
+    matchers = MODEL_CLASS + (f", {outcome_matcher}" if outcome_matcher else "")
+    grouping = f" by ({by})" if by else ""
+    return f"sum{grouping} ({fn}({m('goodput_requests_total')}{{{matchers}}}[{window}]))"
+
+
+GOOD = 'outcome="good"'
+JUDGED = 'outcome!="cancelled"'  # the rules' definition: cancelled requests are not judged
+BAD = 'outcome=~"slo_violated|error"'
+
+
+def _latency(objective: str, title: str) -> object:
+    histogram = m(f"goodput_{objective}_seconds_bucket")
+    queries = [Query(f"histogram_quantile({q}, sum by (le) (rate({histogram}{{{MODEL_CLASS}}}[{RATE}])))", f"p{round(q * 100)}")
+               for q in (0.5, 0.9, 0.99)]
+    # The configured objective, drawn on the same axis so a percentile crossing it is obvious.
+    queries.append(Query(f'max by (slo_class) ({m("goodput_slo_target_seconds")}{{{CLASS}, objective="{objective}"}})',
+                         "target {{slo_class}}"))
+    return series(title, queries, "s", w=8, min=0,
+                  description=f"{objective.upper()} percentiles over the selected models and classes, "
+                              "with each class's configured target.")
+
+
+def build():
+    budget_left = (f"1 - (({_requests(BAD, 'slo_class', '30d', 'increase')} or 0 * {_requests(JUDGED, 'slo_class', '30d', 'increase')})"
+                   f" / {_requests(JUDGED, 'slo_class', '30d', 'increase')})"
+                   f" / on (slo_class) {c.ERROR_BUDGET_RECORD}{{{CLASS}}}")
+    overview = [
+        single("Goodput", [Query(_requests(GOOD), "goodput")], "reqps", decimals=2,
+               description="Requests per second that met every objective of their SLO class."),
+        single("Throughput", [Query(_requests('outcome=~"good|slo_violated"'), "throughput")], "reqps", decimals=2,
+               description="Requests per second that completed, in time or not."),
+        single("Attainment (range)", [Query(f"{_requests(GOOD, window='$__range', fn='increase')} / "
+                                            f"{_requests(JUDGED, window='$__range', fn='increase')}", "attainment")],
+               "percentunit", decimals=2,
+               description="Share of judged requests over the dashboard's time range that met their SLO."),
+        single("In flight", [Query(f"sum({m('goodput_requests_in_flight')}{{{MODEL}}})", "in flight")], "short",
+               description="Requests the sidecars are proxying right now."),
+        series("Goodput beside throughput", [
+            Query(_requests(GOOD), "goodput"),
+            Query(_requests('outcome=~"good|slo_violated"'), "throughput"),
+            Query(_requests('outcome=~"error|cancelled"'), "errors + cancelled"),
+        ], "reqps", min=0, description="Throughput keeps rising past the knee; goodput does not."),
+        series("Attainment per SLO class vs objective", [
+            Query(f"{_requests(GOOD, 'slo_class')} / {_requests(JUDGED, 'slo_class')}", "{{slo_class}} attainment"),
+            Query(f"max by (slo_class) ({m('goodput_slo_objective_ratio')}{{{CLASS}}})", "{{slo_class}} objective"),
+        ], "percentunit", max=1, description="Share of judged requests that met their SLO, against the objective."),
+    ]
+    budget = [
+        series("Error budget remaining (rolling 30d)", [Query(budget_left, "{{slo_class}}")], "percentunit", max=1,
+               description="1 - (failed share over 30 days) / (1 - objective). Below 0 the SLO is broken."),
+        series("Burn rate", [
+            Query(f"{c.burn_rate_record(w)}{{{CLASS}}}", "{{slo_class}} " + w) for w in ("5m", "1h", "6h")
+        ], "x", min=0, lines=[1, 6, 14.4],
+               description="Error ratio / (1 - objective) from the recording rules (all models): 1 spends the "
+                           "budget exactly over the period; dashed lines are the alert tiers 1x, 6x, 14.4x."),
+    ]
+    latency = [_latency("ttft", "Time to first token"), _latency("tpot", "Time per output token"),
+               _latency("e2e", "End-to-end latency")]
+    traffic = [
+        series("Outcomes", [Query(_requests(by="outcome"), "{{outcome}}")], "reqps", stacked=True, min=0,
+               description="good | slo_violated | error | cancelled, per second."),
+        series("SLO violations by objective", [
+            Query(f"sum by (objective) (rate({m('goodput_slo_violations_total')}{{{MODEL_CLASS}}}[{RATE}]))", "{{objective}}")
+        ], "reqps", min=0, description="Which objective requests missed (one request may miss several)."),
+        series("Requests by SLO class", [Query(_requests(by="slo_class"), "{{slo_class}}")], "reqps", min=0),
+        series("Token rates", [
+            Query(f"sum(rate({m('goodput_input_tokens_total')}{{{MODEL_CLASS}}}[{RATE}]))", "input tokens/s"),
+            Query(f"sum(rate({m('goodput_output_tokens_total')}{{{MODEL_CLASS}}}[{RATE}]))", "output tokens/s"),
+        ], "short", min=0),
+    ]
+    return dashboard(UID, "goodput / Goodput and SLOs", "dashboards/goodput_slo.py",
+                     "Goodput (requests that met their TTFT and TPOT objectives) beside throughput, SLO "
+                     "attainment, error budget and burn rate, latency percentiles against targets.",
+                     [("Goodput", overview), ("Error budget", budget), ("Latency", latency), ("Traffic", traffic)])
