@@ -1,0 +1,330 @@
+"""The model zoo: one interface, `Model.fit(y, horizon) -> Fitted`, `Fitted.forecast(steps) -> Forecast`.
+
+Every model forecasts steps 1..`steps` ahead with a central prediction interval (default 90 %).
+Where a model has no interval of its own, the interval comes from its own h-step errors on the
+history (empirical quantiles: they need no distributional assumption and are cheap).
+
+- `naive`: the last value (the reactive signal, and the fallback of last resort);
+- `seasonal_naive`: the value one season ago;
+- `level`: ours — an exponentially weighted level, with the smoothing constant picked for the
+  horizon on the history, times a daily profile when two seasons of history exist. numpy only,
+  a few milliseconds on a day at 15 s;
+- `holt_winters`: statsmodels ExponentialSmoothing, additive trend, additive season when two
+  seasons of history exist (as the predictive-horizontal-pod-autoscaler's Holt-Winters);
+- `arima`: statsmodels ARIMA, the order picked by AIC among a few (as NVIDIA Dynamo's planner
+  does with auto_arima);
+- `linear`: a least-squares line over the last points (the predictive-horizontal-pod-autoscaler's
+  linear regression).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy.signal import lfilter
+
+
+@dataclass
+class Forecast:
+    mean: np.ndarray   # steps 1..h ahead
+    lower: np.ndarray
+    upper: np.ndarray
+    model_name: str
+
+
+def _quantiles(errors: np.ndarray, interval: float) -> tuple[float, float]:
+    errors = errors[np.isfinite(errors)]
+    if len(errors) < 5:
+        return float("nan"), float("nan")
+    tail = (1.0 - interval) / 2.0
+    return float(np.quantile(errors, tail)), float(np.quantile(errors, 1.0 - tail))
+
+
+def _empirical_bounds(y: np.ndarray, predict_at, steps: int, interval: float, max_points: int = 2000):
+    """Lower/upper offsets per horizon from the h-step errors of `predict_at(t, h)` on the history.
+
+    Falls back to the spread of the h-step changes scaled from the one-step ones when the history
+    is too short to have errors at horizon h.
+    """
+    lo, hi = np.zeros(steps), np.zeros(steps)
+    n = len(y)
+    start = max(0, n - max_points)
+    diffs = np.diff(y)
+    sd1 = float(np.std(diffs)) if len(diffs) > 1 else 0.0
+    for h in range(1, steps + 1):
+        t = np.arange(start, n - h)
+        errs = y[t + h] - predict_at(t, h) if len(t) else np.array([])
+        q_lo, q_hi = _quantiles(errs, interval)
+        if not np.isfinite(q_lo):
+            q_lo, q_hi = -1.645 * sd1 * np.sqrt(h), 1.645 * sd1 * np.sqrt(h)
+        lo[h - 1], hi[h - 1] = q_lo, q_hi
+    return lo, hi
+
+
+class Fitted:
+    def __init__(self, name: str, mean: np.ndarray, lower: np.ndarray, upper: np.ndarray):
+        self.name, self._mean, self._lower, self._upper = name, mean, lower, upper
+
+    def forecast(self, steps: int) -> Forecast:
+        if steps > len(self._mean):
+            raise ValueError(f"model {self.name} was fitted for {len(self._mean)} steps, asked for {steps}")
+        mean = np.maximum(self._mean[:steps], 0.0)  # demand is never negative
+        lower = np.clip(self._lower[:steps], 0.0, mean)
+        upper = np.maximum(self._upper[:steps], mean)
+        return Forecast(mean, lower, upper, self.name)
+
+
+class Model:
+    """Base: `fit(y, steps)` returns a Fitted holding forecasts for 1..steps."""
+
+    name = "model"
+
+    def __init__(self, interval: float = 0.9, season: int | None = None):
+        if not 0.0 < interval < 1.0:
+            raise ValueError(f"interval must be in (0, 1), got {interval}")
+        self.interval = interval
+        self.season = season
+
+    def has_season(self, y: np.ndarray) -> bool:
+        return self.season is not None and self.season > 1 and len(y) >= 2 * self.season
+
+    def fit(self, y: np.ndarray, steps: int) -> Fitted:
+        raise NotImplementedError
+
+
+class Naive(Model):
+    name = "naive"
+
+    def fit(self, y, steps):
+        y = np.asarray(y, dtype=float)
+        mean = np.full(steps, y[-1])
+        lo, hi = _empirical_bounds(y, lambda t, h: y[t], steps, self.interval)
+        return Fitted(self.name, mean, mean + lo, mean + hi)
+
+
+class SeasonalNaive(Model):
+    name = "seasonal_naive"
+
+    def fit(self, y, steps):
+        y = np.asarray(y, dtype=float)
+        m = self.season if self.season and len(y) >= self.season else None
+        if m is None:
+            return Naive(self.interval).fit(y, steps)  # no season in the history yet
+        n = len(y)
+        # The value one season before the target, walking back whole seasons when h > m.
+        mean = np.array([y[n - m + ((h - 1) % m)] for h in range(1, steps + 1)])
+        lo, hi = _empirical_bounds(y, lambda t, h: np.where(t + h - m >= 0, y[np.maximum(t + h - m, 0)], y[t]),
+                                   steps, self.interval)
+        return Fitted(self.name, mean, mean + lo, mean + hi)
+
+
+def detect_period(y: np.ndarray, min_lag: int = 2, max_lag: int | None = None, min_acf: float = 0.2) -> int | None:
+    """The lag with the highest autocorrelation if it is clearly positive and seen >= 3 times."""
+    n = len(y)
+    max_lag = min(max_lag or n // 3, n // 3)
+    if max_lag < min_lag:
+        return None
+    z = y - y.mean()
+    denom = float(np.dot(z, z))
+    if denom <= 0:
+        return None
+    acf = np.array([np.dot(z[:-k], z[k:]) / denom for k in range(min_lag, max_lag + 1)])
+    best = int(np.argmax(acf))
+    # 2/sqrt(n) is the usual white-noise band; min_acf keeps weak echoes out.
+    if acf[best] < max(min_acf, 2.0 / np.sqrt(n)):
+        return None
+    return best + min_lag
+
+
+def _profile(y: np.ndarray, m: int, max_cycles: int = 7) -> np.ndarray:
+    """Multiplicative profile per phase of the season (mean 1), from the last whole cycles.
+
+    Index j of the result belongs to point n-k+j (k = whole cycles used), so the phase of any
+    time t is (t - (n-k)) % m.
+    """
+    n = len(y)
+    k = min(n // m, max_cycles) * m
+    block = y[n - k:].reshape(-1, m)
+    shape = block.mean(axis=0)
+    if m >= 24:
+        # Smooth long profiles a little (circular 3-point mean): phases are noisy at fine resolution.
+        shape = (np.roll(shape, 1) + shape + np.roll(shape, -1)) / 3.0
+    total = shape.mean()
+    if total <= 0:
+        return np.ones(m)
+    shape = np.maximum(shape / total, 0.05)
+    return shape / shape.mean()
+
+
+class Level(Model):
+    """EWMA level (× daily profile when the history has two seasons); alpha chosen per horizon."""
+
+    name = "level"
+    ALPHAS = np.array([0.02, 0.04, 0.07, 0.1, 0.15, 0.2, 0.3, 0.4, 0.55, 0.7, 0.85, 1.0])
+    MEDIAN_WINDOWS = (5, 10, 20, 40)
+
+    def __init__(self, interval: float = 0.9, season: int | None = None, max_points: int = 4000,
+                 auto_period: bool = False, max_auto_period: int = 120):
+        super().__init__(interval, season)
+        self.max_points = max_points
+        # A short cycle found by autocorrelation (batch jobs every few minutes) is tried too.
+        self.auto_period = auto_period
+        self.max_auto_period = max_auto_period
+
+    def _season_options(self, y: np.ndarray) -> list[int | None]:
+        options: list[int | None] = [None]
+        if self.has_season(y):
+            options.append(self.season)
+        if self.auto_period:
+            p = detect_period(y[-min(len(y), 600):], max_lag=self.max_auto_period)
+            if p is not None and p not in options and len(y) >= 3 * p:
+                options.append(p)
+        return options
+
+    def fit(self, y, steps):
+        y = np.asarray(y, dtype=float)[-self.max_points:]
+        best = None
+        for m in self._season_options(y):
+            got = self._fit_one(y, steps, m)
+            if best is None or got[0] < best[0]:
+                best = got
+        return best[1]
+
+    def _fit_one(self, y, steps, m):
+        """Returns (in-sample MAE at the last horizon, Fitted) for season m (None = none)."""
+        n = len(y)
+        if m is not None:
+            k = min(n // m, 7) * m
+            shape = _profile(y, m)
+            season_of = lambda t: shape[(np.asarray(t) - (n - k)) % m]  # noqa: E731
+        else:
+            season_of = lambda t: np.ones_like(np.asarray(t), dtype=float)  # noqa: E731
+        s = season_of(np.arange(n))
+        d = y / s
+        levels = np.empty((len(self.ALPHAS) + len(self.MEDIAN_WINDOWS), n))
+        for i, a in enumerate(self.ALPHAS):
+            # level_t = a*d_t + (1-a)*level_{t-1}, started at d_0
+            zi = np.array([(1 - a) * d[0]])
+            levels[i] = lfilter([a], [1, -(1 - a)], d, zi=zi)[0]
+        # Rolling medians: bursty arrivals are skewed, and the median is what minimises absolute
+        # error; each uses only points up to t, so its in-sample errors are out-of-sample.
+        for j, w in enumerate(self.MEDIAN_WINDOWS):
+            levels[len(self.ALPHAS) + j] = pd.Series(d).rolling(w, min_periods=1).median().to_numpy()
+        mean, lower, upper = np.zeros(steps), np.zeros(steps), np.zeros(steps)
+        warm = min(n // 4, 50)
+        score = float("inf")
+        for h in range(1, steps + 1):
+            t = np.arange(warm, n - h)
+            if len(t) >= 5:
+                preds = levels[:, t] * season_of(t + h)
+                errs = y[t + h][None, :] - preds
+                maes = np.mean(np.abs(errs), axis=1)
+                best = int(np.argmin(maes))
+                score = float(maes[best])
+                q_lo, q_hi = _quantiles(errs[best], self.interval)
+            else:
+                best = len(self.ALPHAS) - 1  # alpha 1: the last value
+                sd1 = float(np.std(np.diff(y))) if n > 2 else 0.0
+                q_lo, q_hi = -1.645 * sd1 * np.sqrt(h), 1.645 * sd1 * np.sqrt(h)
+            mean[h - 1] = levels[best, -1] * season_of(n - 1 + h)
+            lower[h - 1], upper[h - 1] = mean[h - 1] + q_lo, mean[h - 1] + q_hi
+        name = self.name if m is None else f"{self.name}[period={m}]"
+        return score, Fitted(name, mean, lower, upper)
+
+
+class Linear(Model):
+    """Least-squares line over the last `window` points, extrapolated (PHPA's linear regression)."""
+
+    name = "linear"
+
+    def __init__(self, interval: float = 0.9, season: int | None = None, window: int = 10):
+        super().__init__(interval, season)
+        self.window = window
+
+    def fit(self, y, steps):
+        y = np.asarray(y, dtype=float)
+        w = y[-self.window:]
+        x = np.arange(len(w), dtype=float)
+        if len(w) >= 2:
+            slope, intercept = np.polyfit(x, w, 1)
+            resid = w - (slope * x + intercept)
+            sd = float(np.sqrt(np.sum(resid ** 2) / max(len(w) - 2, 1)))
+        else:
+            slope, intercept, sd = 0.0, float(w[-1]), 0.0
+        hs = np.arange(1, steps + 1)
+        mean = intercept + slope * (len(w) - 1 + hs)
+        z = 1.645 if abs(self.interval - 0.9) < 1e-9 else float(np.sqrt(2) * _erfinv(self.interval))
+        return Fitted(self.name, mean, mean - z * sd, mean + z * sd)
+
+
+def _erfinv(p: float) -> float:
+    from scipy.special import erfinv
+    return float(erfinv(p))
+
+
+class HoltWinters(Model):
+    name = "holt_winters"
+
+    def __init__(self, interval: float = 0.9, season: int | None = None, max_points: int = 2000):
+        super().__init__(interval, season)
+        self.max_points = max_points
+
+    def fit(self, y, steps):
+        from statsmodels.tsa.holtwinters import ExponentialSmoothing
+        y = np.asarray(y, dtype=float)[-self.max_points:]
+        seasonal = self.has_season(y)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = ExponentialSmoothing(y, trend="add", damped_trend=True,
+                                         seasonal="add" if seasonal else None,
+                                         seasonal_periods=self.season if seasonal else None,
+                                         initialization_method="estimated")
+            res = model.fit()
+        mean = np.asarray(res.forecast(steps), dtype=float)
+        fitted = np.asarray(res.fittedvalues, dtype=float)
+        sd = float(np.std(y - fitted))
+        z = float(np.sqrt(2) * _erfinv(self.interval))
+        # ETS(A,N,N) h-step variance σ²(1 + (h−1)α²): noise does not accumulate, level errors do.
+        alpha = float(res.params.get("smoothing_level", 1.0))
+        hs = np.sqrt(1.0 + (np.arange(1, steps + 1) - 1) * alpha ** 2)
+        return Fitted(self.name, mean, mean - z * sd * hs, mean + z * sd * hs)
+
+
+class Arima(Model):
+    name = "arima"
+    ORDERS = [(1, 1, 1), (0, 1, 1), (2, 1, 0)]
+
+    def __init__(self, interval: float = 0.9, season: int | None = None, max_points: int = 500):
+        super().__init__(interval, season)
+        self.max_points = max_points
+
+    def fit(self, y, steps):
+        from statsmodels.tsa.arima.model import ARIMA
+        y = np.asarray(y, dtype=float)[-self.max_points:]
+        best = None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for order in self.ORDERS:
+                try:
+                    res = ARIMA(y, order=order).fit()
+                except (ValueError, np.linalg.LinAlgError):
+                    continue
+                if best is None or res.aic < best.aic:
+                    best = res
+        if best is None:
+            raise RuntimeError("no ARIMA order could be fitted")
+        fc = best.get_forecast(steps)
+        conf = np.asarray(fc.conf_int(alpha=1.0 - self.interval), dtype=float)
+        return Fitted(self.name, np.asarray(fc.predicted_mean, dtype=float), conf[:, 0], conf[:, 1])
+
+
+MODELS = {cls.name: cls for cls in (Naive, SeasonalNaive, Level, Linear, HoltWinters, Arima)}
+
+
+def make_model(name: str, interval: float = 0.9, season: int | None = None) -> Model:
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")
+    return MODELS[name](interval=interval, season=season)

@@ -1,0 +1,246 @@
+"""From fleet samples to a replica count (DESIGN.md, "Forecasting under feedback").
+
+1. Forecast demand (the arrival rate), which the fleet does not influence.
+2. Know capacity per replica (configured, or learned online: forecaster/capacity.py).
+3. Predict the queue with a fluid model stepped over the horizon,
+   q(t+Δ) = max(0, q(t) + (λ̂(t) − μ·N_ready(t))·Δ), counting replicas still starting.
+4. Desired replicas = the fewest whose predicted queue stays at or under the target using the
+   forecast's upper bound; never fewer than today's queue and rate need; scale down only once
+   the stabilisation window agrees, and never below the demand's upper bound.
+
+`target_queue` is for the whole fleet (requests waiting, summed over replicas).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from forecaster.capacity import OnlineCapacity
+from forecaster.models import Level, Model, Naive, make_model
+from forecaster.selection import ModelSelector
+from forecaster.series import GaugeSeries, RateSeries
+
+
+@dataclass
+class FleetSample:
+    """One observation of the whole fleet, every step_seconds."""
+    t: float                  # seconds (any monotonic origin)
+    arrivals_total: float     # cumulative requests arrived (counter; may reset)
+    input_tokens_total: float
+    output_tokens_total: float
+    in_flight: float          # requests in flight at the sidecars
+    queue_waiting: float      # engine queue, summed over replicas
+    running: float
+    kv_cache_usage: float     # mean over replicas, 0-1
+    preemptions_total: float
+    ready_replicas: int
+    good_total: float | None = None   # cumulative good requests (for online capacity learning)
+
+
+@dataclass
+class PolicyConfig:
+    step_seconds: float = 15.0
+    horizon_seconds: float = 180.0          # = replica cold start
+    cold_start_seconds: float = 180.0
+    capacity_rps: float | None = None       # per-replica requests/s while SLOs hold; None = learn online
+    target_queue: float = 0.0               # requests allowed waiting at the horizon, whole fleet
+    min_replicas: int = 1
+    max_replicas: int = 100
+    scale_down_window_seconds: float = 300.0
+    refit_every_seconds: float = 300.0
+    fit_timeout_seconds: float = 2.0
+    # Time after the horizon in which newly ordered replicas must have drained the queue to target.
+    drain_seconds: float = 60.0
+    history_seconds: float = 86400.0        # kept per series (a day at 15 s = 5,760 points)
+    interval: float = 0.9                   # central prediction interval; upper = its top
+    models: tuple[str, ...] = ("level", "naive", "holt_winters")  # candidates for selection
+    season_seconds: float | None = 86400.0  # daily season once two days of history exist
+    prior_capacity_rps: float = 1.0         # learning online: used until anything is observed
+
+    def validate(self) -> None:
+        for name in ("step_seconds", "horizon_seconds", "refit_every_seconds", "fit_timeout_seconds",
+                     "history_seconds"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.cold_start_seconds < 0 or self.drain_seconds <= 0 or self.scale_down_window_seconds < 0:
+            raise ValueError("cold_start_seconds and scale_down_window_seconds must be >= 0, drain_seconds > 0")
+        if self.capacity_rps is not None and self.capacity_rps <= 0:
+            raise ValueError(f"capacity_rps must be > 0 requests/s (or None to learn it), got {self.capacity_rps}")
+        if not 0 <= self.min_replicas <= self.max_replicas or self.max_replicas < 1:
+            raise ValueError(f"need 0 <= min_replicas <= max_replicas and max_replicas >= 1, "
+                             f"got {self.min_replicas}..{self.max_replicas}")
+        if self.target_queue < 0:
+            raise ValueError(f"target_queue must be >= 0, got {self.target_queue}")
+        for name in self.models:
+            make_model(name)  # raises ValueError naming the choices
+
+    @property
+    def horizon_steps(self) -> int:
+        return max(1, math.ceil(self.horizon_seconds / self.step_seconds))
+
+
+def cumulative_upper(mean: np.ndarray, upper: np.ndarray) -> np.ndarray:
+    """Per-step rates whose running sum is the upper bound of the ARRIVALS over 1..k steps.
+
+    Summing every step's upper bound would assume each step is at its 95th percentile at once;
+    per-step errors at 15 s are mostly independent noise, so the bound of the sum grows with the
+    root of the summed squares: A_up(k) = Σ mean + sqrt(Σ (upper − mean)²).
+    NOTE: this under-covers a level shift, which the next refit (one step later) picks up.
+    """
+    cum = np.cumsum(mean) + np.sqrt(np.cumsum((np.asarray(upper) - np.asarray(mean)) ** 2))
+    return np.diff(np.concatenate([[0.0], cum]))
+
+
+@dataclass
+class Decision:
+    desired_replicas: int
+    queue_depth_mean: float     # predicted at horizon for current replicas
+    queue_depth_upper: float
+    arrival_rate_mean: float    # requests/s at horizon
+    arrival_rate_upper: float
+    capacity_rps: float
+    model_name: str
+
+
+@dataclass
+class _History:
+    """Fixed-step series of the fleet; one owner for every series the policy reads."""
+    step: float
+    capacity: int
+    rates: dict = field(default_factory=dict)
+    gauges: dict = field(default_factory=dict)
+    last_sample: FleetSample | None = None
+
+    def __post_init__(self):
+        for name in ("arrivals", "input_tokens", "output_tokens", "preemptions", "good"):
+            self.rates[name] = RateSeries(self.step, self.capacity)
+        for name in ("in_flight", "queue_waiting", "running", "kv_cache_usage", "ready_replicas"):
+            self.gauges[name] = GaugeSeries(self.step, self.capacity)
+
+    def add(self, s: FleetSample) -> bool:
+        if self.last_sample is not None and s.t <= self.last_sample.t:
+            return False  # late or repeated sample
+        for name, value in (("arrivals", s.arrivals_total), ("input_tokens", s.input_tokens_total),
+                            ("output_tokens", s.output_tokens_total), ("preemptions", s.preemptions_total),
+                            ("good", s.good_total)):
+            if value is not None:
+                self.rates[name].update(s.t, float(value))
+        for name in self.gauges:
+            self.gauges[name].update(s.t, getattr(s, name))
+        self.last_sample = s
+        return True
+
+
+class ForecastPolicy:
+    def __init__(self, config: PolicyConfig):
+        config.validate()
+        self.config = config
+        step = config.step_seconds
+        self.history = _History(step, max(2, int(config.history_seconds / step)))
+        season = round(config.season_seconds / step) if config.season_seconds else None
+        candidates: list[Model] = [make_model(name, config.interval, season) for name in config.models]
+        self.selector = ModelSelector(candidates, config.horizon_steps, config.fit_timeout_seconds,
+                                      reselect_every=max(1, round(config.refit_every_seconds / step)))
+        self.online = OnlineCapacity(prior_rps=config.prior_capacity_rps)
+        self._recommendations: deque[tuple[float, int]] = deque()
+        self._prev_in_flight: tuple[float, float] | None = None
+
+    # -- inputs ---------------------------------------------------------------------------
+    def observe(self, sample: FleetSample) -> None:
+        if not self.history.add(sample):
+            return
+        arrivals = self.history.rates["arrivals"].last
+        if self._prev_in_flight is not None and arrivals is not None:
+            t0, q0 = self._prev_in_flight
+            dt = sample.t - t0
+            if dt > 0 and math.isfinite(sample.in_flight):
+                # Requests that left the system = those that came in minus the growth in flight.
+                served = arrivals - (sample.in_flight - q0) / dt
+                good = self.history.rates["good"].last if sample.good_total is not None else None
+                self.online.observe(served, int(sample.ready_replicas), sample.queue_waiting, good)
+        if math.isfinite(sample.in_flight):
+            self._prev_in_flight = (sample.t, sample.in_flight)
+
+    @property
+    def capacity_rps(self) -> float:
+        return self.config.capacity_rps if self.config.capacity_rps is not None else self.online.capacity_rps
+
+    # -- the decision ---------------------------------------------------------------------
+    def fluid_queue(self, q0: float, lam: np.ndarray, ready_at: np.ndarray) -> np.ndarray:
+        """Queue after each step: q ← max(0, q + (λ_k − μ·N_k)·Δ)."""
+        mu, dt = self.capacity_rps, self.config.step_seconds
+        out = np.empty(len(lam))
+        q = q0
+        for k in range(len(lam)):
+            q = max(0.0, q + (lam[k] - mu * ready_at[k]) * dt)
+            out[k] = q
+        return out
+
+    def _ready_profile(self, ready: int, starting: int, added: int, steps: int) -> np.ndarray:
+        """Replicas serving during each step. Replicas already starting are assumed halfway
+        through their cold start (we do not know when each began); ones ordered now need all of it."""
+        dt, cold = self.config.step_seconds, self.config.cold_start_seconds
+        t_end = np.arange(1, steps + 1) * dt
+        return ready + starting * (t_end > cold / 2) + added * (t_end > cold)
+
+    def decide(self, now: float, starting_replicas: int = 0) -> Decision:
+        cfg = self.config
+        last = self.history.last_sample
+        mu = self.capacity_rps
+        if last is None or len(self.history.rates["arrivals"].values()) == 0:
+            return Decision(max(cfg.min_replicas, 1 if cfg.min_replicas else 0), 0.0, 0.0, 0.0, 0.0, mu, "none")
+        arrivals = self.history.rates["arrivals"]
+        y = arrivals.values()
+        fc = self.selector.forecast(y, end_index=arrivals.series.last_index)
+        H = cfg.horizon_steps
+        ready = max(0, int(last.ready_replicas))
+        starting = max(0, int(starting_replicas))
+        q0 = max(0.0, float(last.queue_waiting)) if math.isfinite(last.queue_waiting) else 0.0
+        current = self._ready_profile(ready, starting, 0, H)
+        lam_upper_cum = cumulative_upper(fc.mean, fc.upper)
+        q_mean = self.fluid_queue(q0, fc.mean, current)[-1]
+        q_upper = self.fluid_queue(q0, lam_upper_cum, current)[-1]
+
+        # Check point: when replicas ordered now are serving, plus the drain time.
+        check_steps = max(H, math.ceil(cfg.cold_start_seconds / cfg.step_seconds)) + \
+            math.ceil(cfg.drain_seconds / cfg.step_seconds)
+        mean_ext = np.concatenate([fc.mean, np.full(max(0, check_steps - H), fc.mean[-1])])[:check_steps]
+        upper_ext = np.concatenate([fc.upper, np.full(max(0, check_steps - H), fc.upper[-1])])[:check_steps]
+        lam_upper = cumulative_upper(mean_ext, upper_ext)
+        fluid_n = cfg.max_replicas
+        for n in range(max(cfg.min_replicas, 0), cfg.max_replicas + 1):
+            profile = self._ready_profile(min(ready, n), min(starting, max(0, n - ready)),
+                                          max(0, n - ready - starting), check_steps)
+            if self.fluid_queue(q0, lam_upper, profile)[-1] <= cfg.target_queue + 1e-9:
+                fluid_n = n
+                break
+        # Never fewer than today's rate plus draining today's queue needs, nor the demand's upper bound.
+        rate_now = float(arrivals.last or 0.0)
+        need_now = math.ceil((rate_now + max(0.0, q0 - cfg.target_queue) / cfg.drain_seconds) / mu - 1e-9)
+        demand_floor = math.ceil(float(fc.upper[-1]) / mu - 1e-9)
+        raw = min(cfg.max_replicas, max(cfg.min_replicas, fluid_n, need_now, demand_floor))
+        desired = self._stabilise(now, raw, ready + starting, demand_floor)
+        return Decision(int(desired), float(q_mean), float(q_upper), float(fc.mean[-1]), float(fc.upper[-1]),
+                        float(mu), fc.model_name)
+
+    def _stabilise(self, now: float, raw: int, current: int, demand_floor: int) -> int:
+        """Up at once; down only to the highest recommendation of the last window (as HPA does)."""
+        window = self.config.scale_down_window_seconds
+        self._recommendations.append((now, raw))
+        while self._recommendations and self._recommendations[0][0] < now - window:
+            self._recommendations.popleft()
+        if raw >= current:
+            return raw
+        held = max(r for _, r in self._recommendations)
+        floor = max(raw, min(demand_floor, self.config.max_replicas))
+        return max(floor, min(current, held))
+
+    def close(self) -> None:
+        self.selector.close()
+
+
+__all__ = ["FleetSample", "PolicyConfig", "Decision", "ForecastPolicy", "Level", "Naive"]
