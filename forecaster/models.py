@@ -194,7 +194,7 @@ class Level(Model):
         return best[1]
 
     def _fit_one(self, y, steps, m):
-        """Returns (in-sample MAE at the last horizon, Fitted) for season m (None = none)."""
+        """Returns (in-sample MAE averaged over horizons, Fitted) for season m (None = none)."""
         n = len(y)
         if m is not None:
             k = min(n // m, 7) * m
@@ -215,7 +215,7 @@ class Level(Model):
             levels[len(self.ALPHAS) + j] = pd.Series(d).rolling(w, min_periods=1).median().to_numpy()
         mean, lower, upper = np.zeros(steps), np.zeros(steps), np.zeros(steps)
         warm = min(n // 4, 50)
-        score = float("inf")
+        score = 0.0  # mean over horizons of the best in-sample MAE
         for h in range(1, steps + 1):
             t = np.arange(warm, n - h)
             if len(t) >= 5:
@@ -223,7 +223,7 @@ class Level(Model):
                 errs = y[t + h][None, :] - preds
                 maes = np.mean(np.abs(errs), axis=1)
                 best = int(np.argmin(maes))
-                score = float(maes[best])
+                score += float(maes[best]) / steps
                 q_lo, q_hi = _quantiles(errs[best], self.interval)
             else:
                 best = len(self.ALPHAS) - 1  # alpha 1: the last value

@@ -1,0 +1,126 @@
+"""Per-replica service profiles: how fast one replica prefills and decodes, and what it holds.
+
+A profile is the simulator's whole knowledge of the serving engine. It comes from a measurement
+(`goodput bench engine --json` or a `goodput sweep` result written as JSON with the fields below)
+or from one of the built-in profiles, whose sources are stated next to their numbers.
+
+Decode step time is linear in the batch: step(b) = decode_base_s + decode_per_seq_s * b. That is
+what a memory-bound decoder does (every step reads all weights once; each sequence adds its KV
+reads and a little compute), and both built-in profiles are fitted to two measured points.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Slo:
+    """The objective a request must meet to count as good: both TTFT and TPOT."""
+
+    ttft_s: float
+    tpot_s: float
+
+    def __post_init__(self) -> None:
+        if self.ttft_s <= 0 or self.tpot_s <= 0:
+            raise ValueError(f"SLO objectives must be positive, got ttft_s={self.ttft_s}, tpot_s={self.tpot_s}")
+
+
+@dataclass(frozen=True)
+class ServiceProfile:
+    """One replica's service model."""
+
+    name: str
+    prefill_tokens_per_s: float
+    decode_base_s: float
+    decode_per_seq_s: float
+    kv_capacity_tokens: int
+    max_batch: int
+    # Tokens one engine step may carry (vLLM's max_num_batched_tokens): prefill is chunked into
+    # this budget, so a long prompt slows the running decodes instead of stopping them.
+    step_token_budget: int
+    slo: Slo
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for field in ("prefill_tokens_per_s", "decode_base_s", "kv_capacity_tokens", "max_batch", "step_token_budget"):
+            if getattr(self, field) <= 0:
+                raise ValueError(f"profile {self.name!r}: {field} must be positive, got {getattr(self, field)}")
+        if self.decode_per_seq_s < 0:
+            raise ValueError(f"profile {self.name!r}: decode_per_seq_s must be >= 0, got {self.decode_per_seq_s}")
+
+    def step_s(self, batch: float) -> float:
+        """Seconds for one decode step carrying `batch` sequences."""
+        return self.decode_base_s + self.decode_per_seq_s * batch
+
+    def request_work_s(self, prompt_tokens: float, output_tokens: float, batch: float) -> float:
+        """Replica-seconds one request costs when it shares decode steps with `batch` sequences.
+
+        Prefill is the prompt at the prefill rate; decode is its share of `output_tokens` steps.
+        The oracle and the fluid fleet both size capacity with this one formula.
+        """
+        return prompt_tokens / self.prefill_tokens_per_s + output_tokens * self.step_s(batch) / max(batch, 1.0)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# The bundled engine serving SmolLM2-135M on this machine's 2 CPU cores. Figures from DESIGN.md's
+# measurements on these machines: a decode step of 75 ms at batch 1 and 327 ms at batch 32 (so
+# 66.9 ms + 8.13 ms per sequence), prefill 214-350 tokens/s (280 taken). KV: SmolLM2 has 30 layers x 3 KV heads x 64 dims x 2 (K,V) x 4 bytes = 46 KB a token in float32; 1.5 GB of
+# cache holds about 32k tokens. SLO: a CPU replica takes ~7 s to prefill a 2k-token prompt, so the
+# objective is 10 s to first token and 0.5 s a token after it.
+CPU_SMOLLM2 = ServiceProfile(
+    name="cpu-smollm2",
+    prefill_tokens_per_s=280.0,
+    decode_base_s=0.0669,
+    decode_per_seq_s=0.00813,
+    kv_capacity_tokens=32_768,
+    max_batch=32,
+    step_token_budget=512,
+    slo=Slo(ttft_s=10.0, tpot_s=0.5),
+    source="DESIGN.md CPU figures (AMD EPYC, 2 cores): decode 75 ms @ b=1, 327 ms @ b=32; prefill 214-350 tok/s",
+)
+
+# Llama-3-70B in FP8 on 4 x H100 80GB (tensor parallel 4), served by vLLM/TensorRT-LLM. These are
+# approximate, from published figures, not measured here:
+# - TensorRT-LLM performance table (NVIDIA/TensorRT-LLM release/0.5.0 docs/source/performance.md,
+#   H100 FP8): LLaMA 70B TP4 batch 64, 128 in / 128 out: 3,317 output tok/s, i.e. ~19 ms a step at
+#   batch 64; 2048 in / 128 out: 843 tok/s, which leaves ~4.6 s for 131k prompt tokens (~28k tok/s).
+# - NVIDIA NIM benchmarks, Llama-3.3-70B FP8 on 2 x H100 (TP2): TTFT 407 ms for 5,000 input tokens
+#   at concurrency 1 (~12k tok/s on half the GPUs), ITL 18.6 ms at concurrency 1, 38.8 ms at 25.
+# Taken (rounded to the cautious side, as vLLM serving rather than a static-batch benchmark):
+# prefill 20k tok/s, step = 20 ms + 0.3 ms x batch (39 ms at 64). KV: 4 x 80 GB - 70 GB of weights,
+# 90 % for cache = 225 GB at 320 KB a token (80 layers x 8 KV heads x 128 x 2 x 2 bytes) ~ 700k
+# tokens; 600k taken. max_num_seqs 256 and max_num_batched_tokens 8192 are vLLM's defaults for an
+# H100. SLO: MLPerf Inference's Llama-2-70B server scenario (TTFT 2 s, TPOT 200 ms).
+H100_70B = ServiceProfile(
+    name="h100-70b",
+    prefill_tokens_per_s=20_000.0,
+    decode_base_s=0.020,
+    decode_per_seq_s=0.0003,
+    kv_capacity_tokens=600_000,
+    max_batch=256,
+    step_token_budget=8192,
+    slo=Slo(ttft_s=2.0, tpot_s=0.2),
+    source="approximate: TensorRT-LLM perf table (LLaMA 70B TP4 FP8 H100), NVIDIA NIM Llama-3.3-70B H100 benchmarks; SLO from MLPerf Llama-2-70B server",
+)
+
+BUILTIN = {p.name: p for p in (CPU_SMOLLM2, H100_70B)}
+
+
+def load_profile(name_or_path: str) -> ServiceProfile:
+    """A built-in profile by name, or a JSON file with ServiceProfile's fields (slo as {ttft_s, tpot_s})."""
+    if name_or_path in BUILTIN:
+        return BUILTIN[name_or_path]
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise ValueError(f"profile {name_or_path!r} is neither a built-in ({', '.join(sorted(BUILTIN))}) nor a JSON file")
+    data = json.loads(path.read_text())
+    try:
+        slo = Slo(**data.pop("slo"))
+        return ServiceProfile(slo=slo, **data)
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"profile file {path}: {exc}; expected the fields of {sorted(ServiceProfile.__dataclass_fields__)}") from exc

@@ -1,0 +1,163 @@
+"""Traces the simulator replays: per-request (Azure CSV) and per-client rates (ServeGen folder).
+
+forecaster/ had no trace reader when this was written, so the simulator owns these two readers.
+
+- Azure LLM inference CSV (TIMESTAMP, ContextTokens, GeneratedTokens): one row per request.
+- ServeGen client folder (chunk-<client>-trace.csv, no header: window start s, rate req/s, cv,
+  distribution Gamma|Weibull, shape, scale): per client and 10-minute window, the rate and the
+  fitted inter-arrival distribution. Arrivals are drawn inside each window from each client's
+  fitted distribution, rescaled so its mean gap is 1/rate (the fitted scale and the published rate
+  disagree for some Weibull rows; the rate is what the trace counts, the shape keeps the burstiness),
+  starting at a random phase, with a fixed seed; the clients are summed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+SERVEGEN_WINDOW_S = 600.0
+
+
+@dataclass(frozen=True)
+class RequestTrace:
+    """Requests sorted by arrival: seconds from the first one, prompt and output tokens."""
+
+    name: str
+    arrival_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+
+    def __post_init__(self) -> None:
+        n = len(self.arrival_s)
+        if len(self.prompt_tokens) != n or len(self.output_tokens) != n:
+            raise ValueError("arrival_s, prompt_tokens and output_tokens must have the same length")
+
+    @property
+    def duration_s(self) -> float:
+        return float(self.arrival_s[-1]) if len(self.arrival_s) else 0.0
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+
+@dataclass(frozen=True)
+class CountTrace:
+    """Arrival counts per `step_s` bin (the fleet-level view of a per-client trace)."""
+
+    name: str
+    step_s: float
+    counts: np.ndarray
+
+    @property
+    def duration_s(self) -> float:
+        return len(self.counts) * self.step_s
+
+
+def read_azure_csv(path: str | Path, rate_scale: float = 1.0, seed: int = 0) -> RequestTrace:
+    """Read an Azure trace; `rate_scale` > 1 replays each request that many times (see scale_requests)."""
+    import pandas as pd  # heavy; only when a trace is read
+
+    path = Path(path)
+    try:
+        frame = pd.read_csv(path)
+        stamps = pd.to_datetime(frame["TIMESTAMP"])
+    except (KeyError, ValueError, OSError) as exc:
+        raise ValueError(f"{path}: not an Azure LLM trace CSV with TIMESTAMP,ContextTokens,GeneratedTokens ({exc})") from exc
+    seconds = (stamps - stamps.min()).dt.total_seconds().to_numpy()
+    order = np.argsort(seconds, kind="stable")
+    trace = RequestTrace(
+        name=path.stem,
+        arrival_s=seconds[order],
+        prompt_tokens=frame["ContextTokens"].to_numpy(dtype=np.int64)[order],
+        output_tokens=np.maximum(1, frame["GeneratedTokens"].to_numpy(dtype=np.int64)[order]),
+    )
+    return scale_requests(trace, rate_scale, seed) if rate_scale != 1.0 else trace
+
+
+def scale_requests(trace: RequestTrace, rate_scale: float, seed: int = 0) -> RequestTrace:
+    """Each request replayed floor(k) times (plus once more with probability frac(k)), each copy at
+    its own time jittered uniformly within +-0.5 s: the trace's minute-scale shape and bursts are
+    kept, only multiplied (as if k times as many users behaved alike)."""
+    if rate_scale <= 0:
+        raise ValueError(f"rate scale must be > 0, got {rate_scale}")
+    rng = np.random.default_rng(seed)
+    n = len(trace)
+    copies = np.full(n, int(math.floor(rate_scale)))
+    copies += rng.random(n) < (rate_scale - math.floor(rate_scale))
+    idx = np.repeat(np.arange(n), copies)
+    t = trace.arrival_s[idx] + rng.uniform(-0.5, 0.5, len(idx))
+    t -= t.min()
+    order = np.argsort(t, kind="stable")
+    return RequestTrace(f"{trace.name}x{rate_scale:g}", t[order], trace.prompt_tokens[idx][order], trace.output_tokens[idx][order])
+
+
+def _mean_gap(dist: str, shape: float, scale: float) -> float:
+    if dist == "Gamma":
+        return shape * scale
+    return scale * math.gamma(1.0 + 1.0 / shape)  # Weibull
+
+
+def _window_arrivals(rng: np.random.Generator, dist: str, shape: float, rate: float, window_s: float) -> np.ndarray:
+    """Arrival offsets in [0, window_s) with gaps from the fitted family, mean gap 1/rate."""
+    scale = (1.0 / rate) / _mean_gap(dist, shape, 1.0)
+    expected = rate * window_s
+    times: list[np.ndarray] = []
+    # Random phase: the first arrival falls at a uniform point of a first gap.
+    start = -rng.random() * _draw(rng, dist, shape, scale, 1)[0]
+    total = start
+    while total < window_s:
+        gaps = _draw(rng, dist, shape, scale, int(expected * 1.2) + 16)
+        cum = total + np.cumsum(gaps)
+        times.append(cum)
+        total = cum[-1]
+    t = np.concatenate(times)
+    return t[(t >= 0) & (t < window_s)]
+
+
+def _draw(rng: np.random.Generator, dist: str, shape: float, scale: float, n: int) -> np.ndarray:
+    if dist == "Gamma":
+        return rng.gamma(shape, scale, n)
+    return scale * rng.weibull(shape, n)
+
+
+def read_servegen(folder: str | Path, step_s: float = 1.0, seed: int = 0, rate_scale: float = 1.0,
+                  start_s: float = 0.0, duration_s: float | None = None, progress=None) -> CountTrace:
+    """Sum a ServeGen client folder into arrival counts per `step_s` bin, drawing every arrival.
+
+    `start_s`/`duration_s` cut a slice (whole 10-minute windows); `rate_scale` multiplies every
+    client's rate. `progress(done, total)` is called once per client file.
+    """
+    folder = Path(folder)
+    files = sorted(folder.glob("chunk-*-trace.csv"), key=lambda p: int(p.stem.split("-")[1]))
+    if not files:
+        raise ValueError(f"{folder}: no chunk-<client>-trace.csv files; pass a ServeGen client folder")
+    if SERVEGEN_WINDOW_S % step_s:
+        raise ValueError(f"step {step_s} s must divide the 600 s ServeGen window")
+    rng = np.random.default_rng(seed)
+    counts: np.ndarray | None = None
+    bins_per_window = int(SERVEGEN_WINDOW_S / step_s)
+    for i, path in enumerate(files):
+        rows = [line.split(",") for line in path.read_text().splitlines() if line.strip()]
+        if counts is None:
+            last = float(rows[-1][0]) + SERVEGEN_WINDOW_S
+            end = last if duration_s is None else min(last, start_s + duration_s)
+            first_window = int(start_s // SERVEGEN_WINDOW_S)
+            num_windows = int(math.ceil((end - first_window * SERVEGEN_WINDOW_S) / SERVEGEN_WINDOW_S))
+            counts = np.zeros(num_windows * bins_per_window, dtype=np.int64)
+        for row in rows:
+            w = int(float(row[0]) // SERVEGEN_WINDOW_S) - first_window
+            if not 0 <= w < num_windows or not row[3]:
+                continue
+            rate = float(row[1]) * rate_scale
+            if rate <= 0:
+                continue
+            t = _window_arrivals(rng, row[3], float(row[4]), rate, SERVEGEN_WINDOW_S)
+            counts[w * bins_per_window:(w + 1) * bins_per_window] += np.bincount(
+                (t / step_s).astype(np.int64), minlength=bins_per_window)[:bins_per_window]
+        if progress:
+            progress(i + 1, len(files))
+    return CountTrace(f"servegen-{folder.name}", step_s, counts)

@@ -1,0 +1,114 @@
+"""Bounded fits and every fallback path, run for real."""
+
+import time
+
+import numpy as np
+import pytest
+
+from forecaster.models import Fitted, Model, Naive
+from forecaster.selection import BoundedFitter, FitTimeout, ModelSelector
+
+
+class Raises(Model):
+    name = "raises"
+
+    def fit(self, y, steps):
+        raise RuntimeError("broken model")
+
+
+class Slow(Model):
+    name = "slow"
+
+    def __init__(self, seconds):
+        super().__init__()
+        self.seconds = seconds
+
+    def fit(self, y, steps):
+        time.sleep(self.seconds)
+        return Naive().fit(y, steps)
+
+
+class Flaky(Model):
+    """Fits (as a constant 7) until told to fail."""
+    name = "flaky"
+
+    def __init__(self):
+        super().__init__()
+        self.fail = False
+
+    def fit(self, y, steps):
+        if self.fail:
+            raise RuntimeError("diverged")
+        mean = np.full(steps, 7.0)
+        return Fitted(self.name, mean, mean - 1, mean + 1)
+
+
+Y = np.arange(1.0, 41.0)  # 40 points, last value 40
+
+
+def test_bounded_fitter_times_out_and_refuses_while_busy():
+    fitter = BoundedFitter(timeout=0.1)
+    started = time.perf_counter()
+    with pytest.raises(FitTimeout):
+        fitter.fit(Slow(0.6), Y, 3)
+    assert time.perf_counter() - started < 0.4  # we waited the deadline, not the fit
+    with pytest.raises(Exception, match="still running"):
+        fitter.fit(Naive(), Y, 3)
+    time.sleep(0.7)  # the overrunning fit ends; the worker is free again
+    assert fitter.fit(Naive(), Y, 3).forecast(3).mean.tolist() == [40.0] * 3
+    fitter.close()
+
+
+def test_no_last_good_fit_falls_back_to_naive():
+    sel = ModelSelector([Raises()], steps=3, fit_timeout=1.0, min_points=5)
+    fc = sel.forecast(Y)
+    assert fc.model_name == "naive(fallback)" and fc.mean.tolist() == [40.0] * 3
+    assert sel.status.source == "naive" and "broken model" in sel.status.last_error
+
+
+def test_failure_after_a_good_fit_uses_the_last_good_fit_shifted():
+    flaky = Flaky()
+    sel = ModelSelector([flaky], steps=3, fit_timeout=1.0, min_points=5)
+    assert sel.forecast(Y, end_index=100).mean.tolist() == [7.0] * 3
+    flaky.fail = True
+    fc = sel.forecast(Y, end_index=102)
+    assert fc.model_name == "flaky(last_good)" and sel.status.source == "last_good"
+    assert fc.mean.tolist() == [7.0] * 3
+    # Past its stale limit (2 × horizon = 6 steps) the last good fit is too old: naive.
+    fc = sel.forecast(Y, end_index=107)
+    assert fc.model_name == "naive(fallback)"
+
+
+def test_slow_fit_falls_back_within_the_deadline():
+    flaky = Flaky()
+    sel = ModelSelector([flaky], steps=3, fit_timeout=0.2, min_points=5)
+    sel.forecast(Y, end_index=50)
+    sel.candidates = {"slow": Slow(0.8)}
+    sel.chosen = "slow"
+    started = time.perf_counter()
+    fc = sel.forecast(Y, end_index=51)
+    assert time.perf_counter() - started < 0.6
+    assert fc.model_name == "flaky(last_good)" and "longer than" in sel.status.last_error
+    time.sleep(0.8)
+    sel.close()
+
+
+def test_non_finite_forecast_counts_as_a_failure():
+    class NaNModel(Model):
+        name = "nan"
+
+        def fit(self, y, steps):
+            m = np.full(steps, np.nan)
+            return Fitted(self.name, m, m, m)
+
+    sel = ModelSelector([NaNModel()], steps=2, fit_timeout=1.0, min_points=5)
+    assert sel.forecast(Y).model_name == "naive(fallback)"
+
+
+def test_selection_picks_the_candidate_with_lower_backtest_error():
+    # A straight ramp: a constant forecaster lags it, naive is off by the slope per step only.
+    class Constant(Flaky):
+        name = "constant"
+
+    sel = ModelSelector([Constant(), Naive()], steps=2, fit_timeout=1.0, min_points=5)
+    assert sel.select(Y) == "naive"
