@@ -1,0 +1,273 @@
+"""The sidecar application: routing, measurement of one request, health, drain, engine scraping.
+
+`make_app(config, registry, tracer_provider)` builds it with injected back-ends; `server.py`
+serves it with aiohttp's low-level server (no router or middleware on the hot path). The
+sidecar's own paths are /healthz, /readyz and /metrics; everything else goes to the upstream,
+and POSTs to .../chat/completions and .../completions are measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from urllib.parse import urlsplit
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from sidecar.config import ProxyConfig
+from sidecar.engine_metrics import EngineCollector, normalise
+from sidecar.metrics import ModelLabels, SidecarMetrics, zero_series
+from sidecar.relay import (BodyTooLarge, UpstreamFailed, error_response, open_upstream, read_body,
+                           relay_body, relay_stream, upstream_headers)
+from sidecar.slo import judge
+from sidecar.timing import StreamTimer
+from sidecar.tracing import RequestSpan
+
+log = logging.getLogger("goodput.sidecar")
+_clock = time.perf_counter
+OWN_PATHS = ("/healthz", "/readyz", "/metrics")
+
+
+def measured_kind(method: str, path: str) -> str | None:
+    if method != "POST":
+        return None
+    if path.endswith("/chat/completions"):
+        return "chat"
+    if path.endswith("/completions"):
+        return "completion"
+    return None
+
+
+class Sidecar:
+    def __init__(self, config: ProxyConfig, registry: CollectorRegistry, tracer_provider):
+        self.config = config
+        self.registry = registry
+        self.models = ModelLabels(config.models)
+        self.metrics = SidecarMetrics(registry, config.slo)
+        zero_series(self.metrics, config.models, config.slo)
+        self.engine = EngineCollector()
+        registry.register(self.engine)
+        self.tracer = tracer_provider.get_tracer("goodput.sidecar")
+        parts = urlsplit(config.upstream)
+        self._server_address, self._server_port = parts.hostname or "", parts.port
+        self.session: aiohttp.ClientSession | None = None
+        self.draining = False
+        self._active = 0                       # proxied requests in progress (drain waits for 0)
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._tasks: set[asyncio.Task] = set()  # request handlers, cancelled if drain times out
+        self._forced = False
+        self._scraper: asyncio.Task | None = None
+        self._ready_cache = (0.0, False)
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        # limit=0: the engine's batch decides concurrency, not the pool; keep-alive reuses sockets.
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, enable_cleanup_closed=False)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout,
+                                        sock_read=self.config.read_timeout)
+        self.session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
+                                             skip_auto_headers=("User-Agent", "Accept-Encoding"))
+        if self.config.engine_metrics_interval > 0:
+            self._scraper = asyncio.create_task(self._scrape_loop())
+
+    async def close(self) -> None:
+        if self._scraper is not None:
+            self._scraper.cancel()
+            await asyncio.gather(self._scraper, return_exceptions=True)
+        if self.session is not None:
+            await self.session.close()
+
+    @property
+    def active(self) -> int:
+        return self._active
+
+    def begin_drain(self) -> None:
+        self.draining = True
+        self.metrics.draining.set(1)
+
+    async def wait_drained(self, timeout: float) -> bool:
+        """Wait for in-flight requests; past `timeout`, cancel them. True if all finished."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            self._forced = True
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.sleep(0.05)
+            return False
+
+    # ---- routing -----------------------------------------------------------------------------
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        path = request.path
+        if path in OWN_PATHS and request.method in ("GET", "HEAD"):
+            return await self._own(path)
+        if self.draining:
+            return error_response(503, "the sidecar is draining; retry on another replica", "draining",
+                                  headers={"Retry-After": "1"})
+        self._active += 1
+        self._idle.clear()
+        task = asyncio.current_task()
+        self._tasks.add(task)
+        try:
+            kind = measured_kind(request.method, path)
+            if kind is not None:
+                return await self._measured(request, kind)
+            return await self._passthrough(request)
+        finally:
+            self._tasks.discard(task)
+            self._active -= 1
+            if self._active == 0:
+                self._idle.set()
+
+    async def _own(self, path: str) -> web.Response:
+        if path == "/metrics":
+            return web.Response(body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        if path == "/healthz":
+            return web.json_response({"status": "alive"})
+        if self.draining:
+            return web.json_response({"status": "draining"}, status=503)
+        if not await self._upstream_reachable():
+            return web.json_response({"status": "upstream unreachable", "upstream": self.config.upstream}, status=503)
+        return web.json_response({"status": "ready"})
+
+    async def _upstream_reachable(self) -> bool:
+        """Any HTTP answer below 500 from the upstream's /health counts (a 404 still means it is up);
+        cached for a second so probes cannot load the upstream."""
+        checked_at, ok = self._ready_cache
+        if _clock() - checked_at < 1.0:
+            return ok
+        try:
+            async with self.session.get(self.config.upstream + "/health", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                ok = resp.status < 500
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            ok = False
+        self._ready_cache = (_clock(), ok)
+        return ok
+
+    async def _passthrough(self, request: web.BaseRequest) -> web.StreamResponse:
+        try:
+            body = await read_body(request, self.config.max_body_bytes)
+            upstream = await open_upstream(self.session, request.method, self._url(request),
+                                           upstream_headers(request, measured=False), body or None)
+        except BodyTooLarge:
+            return self._too_large()
+        except UpstreamFailed as exc:
+            return error_response(exc.status, exc.message, exc.error_type)
+        try:
+            out, _ = await relay_stream(request, upstream, None, _clock)
+            return out
+        finally:
+            upstream.release()
+
+    def _url(self, request: web.BaseRequest) -> str:
+        return self.config.upstream + request.raw_path
+
+    def _too_large(self) -> web.Response:
+        return error_response(413, f"request body larger than --max-body-bytes={self.config.max_body_bytes}",
+                              "request_too_large")
+
+    # ---- one measured request ----------------------------------------------------------------
+    async def _measured(self, request: web.BaseRequest, kind: str) -> web.StreamResponse:
+        start = _clock()
+        try:
+            body = await read_body(request, self.config.max_body_bytes)
+        except BodyTooLarge:
+            return self._too_large()
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            doc = None
+        if not isinstance(doc, dict):
+            doc = {}   # not JSON: forwarded as is, the upstream will answer with its own error
+        model = doc.get("model") if isinstance(doc.get("model"), str) else None
+        stream = doc.get("stream") is True
+        max_tokens = doc.get("max_tokens", doc.get("max_completion_tokens"))
+        label = self.models.label(model)
+        slo = self.config.slo.classify(model, request.path, request.headers)
+        strip = False
+        if stream and self.config.inject_usage:
+            options = doc.get("stream_options")
+            if not (isinstance(options, dict) and options.get("include_usage")):
+                doc["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+                body = json.dumps(doc).encode()
+                strip = True
+        capture = self.config.capture_content
+        timer = StreamTimer(start, kind, strip_usage=strip, collect_text=capture)
+        span = RequestSpan(self.tracer, "chat" if kind == "chat" else "text_completion", model, request.headers,
+                           start, self._server_address, self._server_port)
+        span.request_attributes(stream, max_tokens if isinstance(max_tokens, int) else None, slo)
+        if capture:
+            span.capture_input(doc)
+        headers = upstream_headers(request, measured=True)
+        span.inject(headers)
+        self.metrics.started(label)
+        error_type = None
+        cancelled = False
+        upstream = None
+        try:
+            upstream = await open_upstream(self.session, "POST", self._url(request), headers, body)
+            if upstream.status == 200 and upstream.content_type == "text/event-stream":
+                out, error_type = await relay_stream(request, upstream, timer, _clock)
+            else:
+                out, answer = await relay_body(request, upstream)
+                timer.feed_json_body(answer, _clock())
+                if upstream.status >= 400:
+                    error_type = f"http_{upstream.status}"
+            return out
+        except UpstreamFailed as exc:
+            error_type = exc.error_type
+            return error_response(exc.status, exc.message, exc.error_type)
+        except (asyncio.CancelledError, ConnectionResetError):
+            if self._forced:
+                error_type = "drain_timeout"
+            else:
+                cancelled = True
+            raise
+        except Exception as exc:
+            error_type = type(exc).__name__
+            log.exception("proxy failure on %s", request.path)
+            raise
+        finally:
+            if upstream is not None:
+                if error_type is not None or cancelled:
+                    upstream.close()        # closes the socket: the engine frees the request at once
+                else:
+                    upstream.release()
+            end = _clock()
+            timing = timer.finish(end)
+            error_type = error_type or timing.error_type
+            verdict = judge(timing, slo, error=error_type if not cancelled else None, cancelled=cancelled)
+            self.metrics.finished(label, slo, timing, verdict)
+            span.end(timing, verdict, None if cancelled else error_type, end, capture_output=capture)
+
+    # ---- engine signals ----------------------------------------------------------------------
+    async def scrape_once(self) -> bool:
+        single = self.config.models[0] if len(self.config.models) == 1 else None
+        try:
+            timeout = aiohttp.ClientTimeout(total=max(1.0, min(5.0, self.config.engine_metrics_interval)))
+            async with self.session.get(self.config.upstream + "/metrics", timeout=timeout) as resp:
+                if resp.status != 200:
+                    raise ValueError(f"HTTP {resp.status}")
+                text = await resp.text()
+            self.engine.update(normalise(text, self.models, single))
+            return True
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+            log.debug("engine scrape failed: %s", exc)
+            self.engine.update(None)
+            return False
+
+    async def _scrape_loop(self) -> None:
+        while True:
+            await self.scrape_once()
+            await asyncio.sleep(self.config.engine_metrics_interval)
+
+
+def make_app(config: ProxyConfig, registry: CollectorRegistry, tracer_provider) -> Sidecar:
+    """The sidecar with injected back-ends; call `await app.start()` inside a running loop."""
+    return Sidecar(config, registry, tracer_provider)

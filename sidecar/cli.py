@@ -1,0 +1,94 @@
+"""`goodput sidecar run` and `goodput bench sidecar`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from goodput_cli.errors import UsageError
+
+
+def register(registry) -> None:
+    p = registry.command("sidecar run", "run the measuring proxy in front of an upstream", run_cmd)
+    p.add_argument("--upstream", required=True, help="the OpenAI-compatible server, e.g. http://127.0.0.1:8000")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 in a pod)")
+    p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
+    p.add_argument("--slo-config", type=Path, help="SLO classes and rules, YAML (default: one class 'interactive', "
+                                                    "TTFT 1 s, TPOT 0.1 s, objective 0.99)")
+    p.add_argument("--models", default="", help="comma-separated model names kept as label values; others become "
+                                                "'other' (default: the first 8 names seen)")
+    p.add_argument("--engine-metrics-interval", type=float, default=5.0,
+                   help="seconds between scrapes of the upstream's /metrics (0 = off; default 5)")
+    p.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="seconds in-flight requests may take to finish after SIGTERM (default 30)")
+    p.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024,
+                   help="largest request body accepted, bytes (default 16 MiB); larger gets 413")
+    p.add_argument("--upstream-timeout", type=float, default=600.0,
+                   help="seconds without a byte from the upstream before 504 / a stream error (default 600)")
+    p.add_argument("--capture-content", action="store_true",
+                   help="record prompt and completion text in spans (off by default; never the Authorization header)")
+    p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
+
+    b = registry.command("bench sidecar", "sidecar overhead against a direct connection and a bare relay", bench_cmd)
+    b.add_argument("--json", type=Path, help="write the results as JSON to this file")
+    b.add_argument("--duration", type=float, default=6.0, help="seconds per measured run (default 6)")
+    b.add_argument("--concurrency", default="1,16,64", help="concurrent streams, comma-separated (default 1,16,64)")
+    b.add_argument("--tokens", type=int, default=64, help="tokens per streamed response (default 64)")
+
+
+def build_config(args: argparse.Namespace):
+    from sidecar.config import DEFAULT_SLO_CONFIG, ConfigError, ProxyConfig, load_slo_config
+
+    try:
+        slo = load_slo_config(args.slo_config) if args.slo_config else DEFAULT_SLO_CONFIG
+    except ConfigError as exc:
+        raise UsageError(f"invalid --slo-config: {exc}") from None
+    models = tuple(m.strip() for m in args.models.split(",") if m.strip())
+    try:
+        return ProxyConfig(upstream=args.upstream, host=args.host, port=args.port, slo=slo, models=models,
+                           engine_metrics_interval=args.engine_metrics_interval, drain_timeout=args.drain_timeout,
+                           max_body_bytes=args.max_body_bytes, capture_content=args.capture_content,
+                           read_timeout=args.upstream_timeout)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def run_cmd(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from prometheus_client import CollectorRegistry, disable_created_metrics
+
+    from sidecar.app import make_app
+    from sidecar.server import serve
+    from sidecar.tracing import provider_from_env
+
+    config = build_config(args)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    provider = provider_from_env()
+    disable_created_metrics()   # the *_created series only add noise to every scrape
+
+    async def main() -> int:
+        app = make_app(config, CollectorRegistry(), provider)
+        try:
+            return await serve(app, announce=lambda line: print(line, flush=True))
+        except OSError as exc:
+            raise UsageError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}; "
+                             f"choose another --port") from None
+
+    try:
+        return asyncio.run(main())
+    finally:
+        provider.shutdown()   # flushes spans still queued for OTLP export
+
+
+def bench_cmd(args: argparse.Namespace) -> int:
+    from sidecar.bench.run import run_benchmark
+
+    try:
+        levels = tuple(int(x) for x in args.concurrency.split(",") if x.strip())
+    except ValueError:
+        raise UsageError(f"--concurrency must be comma-separated integers, got {args.concurrency!r}") from None
+    if not levels or min(levels) < 1 or args.duration <= 0 or args.tokens < 2:
+        raise UsageError("--concurrency values must be >= 1, --duration > 0 and --tokens >= 2")
+    return run_benchmark(levels, args.duration, args.tokens, args.json)

@@ -1,0 +1,120 @@
+"""The sidecar's Prometheus metrics, exactly as DESIGN.md's contract names them.
+
+One `SidecarMetrics` per registry owns every series; the proxy calls `started()` and
+`finished()` once per measured request. Label values come from bounded sets only: models
+through `ModelLabels`, SLO classes from the config, outcomes and objectives from fixed lists.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from sidecar.config import SloConfig
+from sidecar.slo import OBJECTIVES, OUTCOMES, SloClass, Verdict
+from sidecar.timing import RequestTiming
+
+# TTFT spans 10 ms (a warm short prompt) to a minute (a long prompt behind a queue).
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0,
+                7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0)
+# ITL and TPOT must resolve below 10 ms: fast GPUs stream a token every 5-10 ms, and vLLM's own
+# ITL buckets starting at 10 ms put all of them into one bucket.
+TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
+                 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
+E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0,
+               90.0, 120.0, 180.0, 300.0, 600.0)
+
+
+class ModelLabels:
+    """Maps model names to bounded label values.
+
+    With an allow-list (`--models a,b`) anything else is `other`. Without one, the first
+    `max_auto` distinct names seen are kept and later ones become `other`, so a client that
+    invents model names cannot grow the series without bound.
+    """
+
+    OTHER = "other"
+
+    def __init__(self, allowed: tuple[str, ...] = (), max_auto: int = 8):
+        self._fixed = bool(allowed)
+        self._known: set[str] = set(allowed)
+        self._max_auto = max_auto
+
+    def label(self, model: str | None) -> str:
+        if not model:
+            return self.OTHER
+        if model in self._known:
+            return model
+        if not self._fixed and len(self._known) < self._max_auto and len(model) <= 128:
+            self._known.add(model)
+            return model
+        return self.OTHER
+
+    @property
+    def known(self) -> tuple[str, ...]:
+        return tuple(sorted(self._known))
+
+
+class SidecarMetrics:
+    def __init__(self, registry: CollectorRegistry, slo_config: SloConfig):
+        mc = ("model", "slo_class")
+        self.requests = Counter("goodput_requests", "Measured requests by final outcome (decided once, when the request ends).",
+                                ("model", "slo_class", "outcome"), registry=registry)
+        self.violations = Counter("goodput_slo_violations", "Objectives missed by requests whose outcome is slo_violated.",
+                                  ("model", "slo_class", "objective"), registry=registry)
+        self.ttft = Histogram("goodput_ttft_seconds", "Time from receipt of the request to the first content chunk sent to the client.",
+                              mc, buckets=TTFT_BUCKETS, registry=registry)
+        self.tpot = Histogram("goodput_tpot_seconds", "Per-request mean decode time per output token: (E2E - TTFT) / (output_tokens - 1).",
+                              mc, buckets=TOKEN_BUCKETS, registry=registry)
+        self.itl = Histogram("goodput_itl_seconds", "Every gap between streamed content chunks; a chunk carrying k tokens contributes its gap once.",
+                             ("model",), buckets=TOKEN_BUCKETS, registry=registry)
+        self.e2e = Histogram("goodput_e2e_seconds", "Time from receipt of the request to the end of the response.",
+                             mc, buckets=E2E_BUCKETS, registry=registry)
+        self.input_tokens = Counter("goodput_input_tokens", "Prompt tokens, from the upstream's usage.", mc, registry=registry)
+        self.output_tokens = Counter("goodput_output_tokens", "Generated tokens, from usage when sent, else counted from the stream.",
+                                     mc, registry=registry)
+        self.in_flight = Gauge("goodput_requests_in_flight", "Measured requests being served now.", ("model",), registry=registry)
+        self.slo_target = Gauge("goodput_slo_target_seconds", "The configured objective per SLO class.", ("slo_class", "objective"),
+                                registry=registry)
+        self.slo_ratio = Gauge("goodput_slo_objective_ratio", "The share of requests each SLO class should serve good.", ("slo_class",),
+                               registry=registry)
+        self.draining = Gauge("goodput_draining", "1 while the sidecar drains after SIGTERM.", registry=registry)
+        for slo in slo_config.classes.values():
+            self.slo_ratio.labels(slo.name).set(slo.objective)
+            for objective, seconds in slo.targets().items():
+                self.slo_target.labels(slo.name, objective).set(seconds)
+
+    def started(self, model: str) -> None:
+        self.in_flight.labels(model).inc()
+
+    def finished(self, model: str, slo: SloClass, timing: RequestTiming, verdict: Verdict) -> None:
+        """Record one ended request (called exactly once, from the proxy's finally)."""
+        name = slo.name
+        self.in_flight.labels(model).dec()
+        self.requests.labels(model, name, verdict.outcome).inc()
+        for objective in verdict.violated:
+            self.violations.labels(model, name, objective).inc()
+        if timing.ttft is not None:
+            self.ttft.labels(model, name).observe(timing.ttft)
+        if timing.tpot is not None:
+            self.tpot.labels(model, name).observe(timing.tpot)
+        self.e2e.labels(model, name).observe(timing.e2e)
+        if timing.itl:
+            itl = self.itl.labels(model)
+            for gap in timing.itl:
+                itl.observe(gap)
+        if timing.input_tokens:
+            self.input_tokens.labels(model, name).inc(timing.input_tokens)
+        if timing.output_tokens:
+            self.output_tokens.labels(model, name).inc(timing.output_tokens)
+
+
+def zero_series(metrics: SidecarMetrics, models: tuple[str, ...], slo_config: SloConfig) -> None:
+    """Create the request counters at 0 for known models, so rate() has a start point."""
+    for model in models:
+        metrics.in_flight.labels(model)
+        for slo in slo_config.classes.values():
+            for outcome in OUTCOMES:
+                metrics.requests.labels(model, slo.name, outcome)
+            for objective in slo.targets():
+                if objective in OBJECTIVES:
+                    metrics.violations.labels(model, slo.name, objective)

@@ -1,0 +1,142 @@
+"""Forwarding one request to the upstream and its answer back, measured or not.
+
+The hot path is `relay_stream`: read whatever bytes the upstream has, let the timer look at
+them, write them on unchanged. Nothing is buffered beyond an incomplete SSE event, and only
+when the sidecar itself asked for a usage chunk that it must keep from the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+from aiohttp import web
+
+from sidecar.timing import StreamTimer
+
+# Hop-by-hop headers (RFC 9110 7.6.1) and the ones aiohttp recomputes.
+_DROP_REQUEST = frozenset(("connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+                           "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length"))
+_DROP_RESPONSE = frozenset(("connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+                            "trailer", "trailers", "transfer-encoding", "upgrade", "content-length", "server", "date"))
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class UpstreamFailed(Exception):
+    """The upstream could not be reached or did not answer in time: (status, error type, message)."""
+
+    def __init__(self, status: int, error_type: str, message: str):
+        super().__init__(message)
+        self.status, self.error_type, self.message = status, error_type, message
+
+
+def error_body(message: str, error_type: str, code: int) -> bytes:
+    """OpenAI's error shape."""
+    return json.dumps({"error": {"message": message, "type": error_type, "param": None, "code": code}}).encode()
+
+
+def error_response(status: int, message: str, error_type: str, headers: dict | None = None) -> web.Response:
+    return web.Response(status=status, body=error_body(message, error_type, status),
+                        content_type="application/json", headers=headers)
+
+
+async def read_body(request: web.BaseRequest, limit: int) -> bytes:
+    if request.content_length is not None and request.content_length > limit:
+        raise BodyTooLarge()
+    chunks, size = [], 0
+    while True:
+        chunk = await request.content.readany()
+        if not chunk:
+            break
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge()
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def upstream_headers(request: web.BaseRequest, measured: bool) -> dict[str, str]:
+    headers = {}
+    for name, value in request.headers.items():
+        low = name.lower()
+        if low in _DROP_REQUEST:
+            continue
+        # Measured answers must arrive uncompressed for the timer to read them; SSE is rarely
+        # compressed anyway, and the bytes on the loopback/pod network cost nothing.
+        if measured and low == "accept-encoding":
+            continue
+        headers[name] = value
+    return headers
+
+
+def response_headers(upstream: aiohttp.ClientResponse) -> dict[str, str]:
+    return {k: v for k, v in upstream.headers.items() if k.lower() not in _DROP_RESPONSE}
+
+
+async def open_upstream(session: aiohttp.ClientSession, method: str, url: str, headers: dict,
+                        body: bytes | None) -> aiohttp.ClientResponse:
+    try:
+        return await session.request(method, url, headers=headers, data=body, allow_redirects=False)
+    except asyncio.TimeoutError:
+        raise UpstreamFailed(504, "upstream_timeout", "the upstream did not answer in time") from None
+    except aiohttp.ClientConnectorError as exc:
+        raise UpstreamFailed(502, "upstream_unreachable", f"cannot connect to the upstream: {exc.os_error.strerror or exc}") from None
+    except (aiohttp.ClientError, OSError) as exc:
+        raise UpstreamFailed(502, "upstream_error", f"the upstream failed: {type(exc).__name__}") from None
+
+
+async def relay_stream(request: web.BaseRequest, upstream: aiohttp.ClientResponse, timer: StreamTimer | None,
+                       clock) -> tuple[web.StreamResponse, str | None]:
+    """Relay the upstream's body as it arrives; returns (response, error type of a mid-stream failure)."""
+    out = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=response_headers(upstream))
+    await out.prepare(request)
+    read = upstream.content.readany
+    write = out.write
+    relay = timer.relay if timer is not None else None
+    error_type = None
+    # Only the upstream read is guarded: a failed write means the client went away, which
+    # propagates to the caller (counted as cancelled), not as an upstream failure.
+    while True:
+        try:
+            data = await read()
+        except asyncio.TimeoutError:
+            error_type = "upstream_timeout"
+            break
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError):
+            error_type = "upstream_disconnected"
+            break
+        if not data:
+            break
+        if relay is not None:
+            data = relay(data, clock())
+            if not data:
+                continue
+        await write(data)
+    if error_type is not None:
+        upstream.close()
+        if timer is not None:
+            # The client gets an SSE error event and a clean end of stream.
+            message = "the upstream stopped in the middle of the stream" if error_type == "upstream_disconnected" \
+                else "the upstream sent nothing for too long"
+            await write(b"data: " + error_body(message, error_type, 502 if error_type != "upstream_timeout" else 504)
+                        + b"\n\ndata: [DONE]\n\n")
+    await out.write_eof()
+    return out, error_type
+
+
+async def relay_body(request: web.BaseRequest, upstream: aiohttp.ClientResponse) -> tuple[web.StreamResponse, bytes]:
+    """Read the whole (non-streaming) answer, then send it; returns (response, body)."""
+    try:
+        body = await upstream.read()
+    except asyncio.TimeoutError:
+        raise UpstreamFailed(504, "upstream_timeout", "the upstream did not finish its answer in time") from None
+    except (aiohttp.ClientError, OSError) as exc:
+        raise UpstreamFailed(502, "upstream_disconnected", f"the upstream failed while answering: {type(exc).__name__}") from None
+    out = web.Response(status=upstream.status, reason=upstream.reason, body=body, headers=response_headers(upstream))
+    await out.prepare(request)
+    await out.write_eof()
+    return out, body

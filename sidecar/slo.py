@@ -1,0 +1,76 @@
+"""SLO classes and the one verdict each request ends with.
+
+A request is `good` when every objective its class sets holds (TTFT, TPOT, and E2E when given),
+as `vllm bench serve --goodput` decides it; a target is met when the measured value is at or
+under it. The verdict is decided once, at the end, from the finished `RequestTiming`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from sidecar.timing import RequestTiming
+
+OUTCOMES = ("good", "slo_violated", "error", "cancelled")
+OBJECTIVES = ("ttft", "tpot", "e2e")
+
+
+@dataclass(frozen=True)
+class SloClass:
+    name: str
+    ttft: float                 # seconds
+    tpot: float                 # seconds per output token after the first
+    e2e: float | None = None    # seconds, optional
+    objective: float = 0.99     # share of requests that should be good
+
+    def __post_init__(self):
+        if not self.name or not isinstance(self.name, str):
+            raise ValueError(f"SLO class name must be a non-empty string, got {self.name!r}")
+        for key in ("ttft", "tpot", "e2e"):
+            value = getattr(self, key)
+            if value is None and key == "e2e":
+                continue
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"SLO class {self.name!r}: {key} must be a number of seconds > 0, got {value!r}")
+        # <= 1 here because the load generator accepts 1; the config file insists on < 1 (an
+        # objective of 1 leaves no error budget, so burn-rate alerts would divide by zero).
+        if not isinstance(self.objective, (int, float)) or not 0 < self.objective <= 1:
+            raise ValueError(f"SLO class {self.name!r}: objective must be a ratio with 0 < objective < 1 "
+                             f"(e.g. 0.99), got {self.objective!r}")
+
+    def targets(self) -> dict[str, float]:
+        """The objectives this class sets, by name."""
+        out = {"ttft": float(self.ttft), "tpot": float(self.tpot)}
+        if self.e2e is not None:
+            out["e2e"] = float(self.e2e)
+        return out
+
+
+@dataclass(frozen=True)
+class Verdict:
+    outcome: str                                  # good | slo_violated | error | cancelled
+    violated: list[str] = field(default_factory=list)   # subset of ttft | tpot | e2e
+
+
+def judge(timing: RequestTiming, slo_class: SloClass, error: str | None = None,
+          cancelled: bool = False) -> Verdict:
+    """The request's single outcome. Cancelled wins over error (the client left first, and
+    whatever failed after that is a consequence); error wins over SLO checks.
+
+    A stream that finished cleanly without any content (e.g. max_tokens reached on an empty
+    answer) is judged on TTFT with its E2E: the user waited that long for the (empty) answer.
+    """
+    if cancelled:
+        return Verdict("cancelled")
+    if error is not None or timing.error is not None:
+        return Verdict("error")
+    violated = []
+    ttft = timing.ttft if timing.ttft is not None else timing.e2e
+    if ttft > slo_class.ttft:
+        violated.append("ttft")
+    if timing.tpot is not None and timing.tpot > slo_class.tpot:
+        violated.append("tpot")
+    if slo_class.e2e is not None and timing.e2e > slo_class.e2e:
+        violated.append("e2e")
+    return Verdict("slo_violated", violated) if violated else Verdict("good")

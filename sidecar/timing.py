@@ -1,0 +1,225 @@
+"""Per-request stream timing, shared by the proxy and the load generator.
+
+`StreamTimer` eats the raw bytes of an OpenAI-compatible response as they pass and records when
+the first content-carrying chunk went by (TTFT), every gap between content chunks (ITL), and the
+end (E2E). TPOT is then (E2E - TTFT) / (output_tokens - 1), the way `vllm bench serve` computes
+it, with output_tokens from the usage chunk when the upstream sent one, else counted from the
+stream (one per choice per content chunk).
+
+What is not a token: `:` comment / keep-alive lines, a chunk with only `delta.role`, an empty
+`content` or `text`, the usage chunk, `data: [DONE]`. Events may arrive split across reads or
+several per read; an event counts when its terminating blank line arrives, because that is when
+a client's SSE parser can act on it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+_loads = json.loads
+
+
+@dataclass
+class RequestTiming:
+    """What one request looked like from the streaming boundary. Times in seconds."""
+
+    ttft: float | None               # None: no content ever arrived (streaming)
+    e2e: float
+    itl: list[float]                 # one gap per content chunk after the first (a k-token chunk counts once)
+    tpot: float | None               # (e2e - ttft) / (output_tokens - 1); None when output_tokens <= 1
+    output_tokens: int               # usage.completion_tokens if seen, else counted content chunks
+    input_tokens: int | None         # usage.prompt_tokens if seen
+    finish_reasons: list[str]
+    error: str | None                # an error the upstream reported in the body or stream
+    usage_seen: bool
+    model: str | None                # the response's model field
+    error_type: str | None = None    # the error's type/code, or "incomplete_stream"
+    first_token_at: float | None = None   # perf_counter value of the first content chunk
+    output_text: str | None = None   # only when the timer was asked to collect text
+
+
+class StreamTimer:
+    """Feed it the response bytes as they pass; `finish()` once at the end.
+
+    `strip_usage=True` is for the proxy when it asked the upstream for usage on the client's
+    behalf: `relay()` then returns the bytes to forward with the usage-only chunk removed (and
+    holds back an incomplete trailing event until it is complete, so it can be judged whole).
+    """
+
+    __slots__ = ("start", "_chat", "_buf", "_first", "_last", "_itl", "_chunks", "_usage", "_finish",
+                 "_error", "_error_type", "_model", "_done", "_body", "_strip", "_texts", "_seen_data")
+
+    def __init__(self, start: float, kind: str, *, strip_usage: bool = False, collect_text: bool = False):
+        if kind not in ("chat", "completion"):
+            raise ValueError(f"StreamTimer kind must be 'chat' or 'completion', got {kind!r}")
+        self.start = start
+        self._chat = kind == "chat"
+        self._buf = b""
+        self._first: float | None = None
+        self._last = 0.0
+        self._itl: list[float] = []
+        self._chunks = 0
+        self._usage: dict | None = None
+        self._finish: list[str] = []
+        self._error: str | None = None
+        self._error_type: str | None = None
+        self._model: str | None = None
+        self._done = False
+        self._body = False
+        self._strip = strip_usage
+        self._texts: list[str] | None = [] if collect_text else None
+        self._seen_data = False
+
+    # ---- streaming -------------------------------------------------------------------------
+    def feed(self, data: bytes, now: float) -> None:
+        """Consume raw SSE bytes received (or relayed) at `now`."""
+        self.relay(data, now)
+
+    def relay(self, data: bytes, now: float) -> bytes:
+        """Like feed(); returns the bytes to pass on (`data` itself unless stripping usage)."""
+        buf = self._buf + data if self._buf else data
+        if b"\r" in buf:
+            # Normalise CRLF / CR line ends for parsing; forwarded bytes stay raw unless stripping.
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        cut = buf.rfind(b"\n\n")
+        if cut < 0:
+            self._buf = buf
+            return b"" if self._strip else data
+        self._buf = buf[cut + 2:]
+        head = buf[:cut]
+        if b"\n\n" not in head:
+            dropped = self._event(head, now)
+            if not self._strip:
+                return data
+            return b"" if dropped else buf[:cut + 2]
+        kept = []
+        for event in head.split(b"\n\n"):
+            if not self._event(event, now):
+                kept.append(event)
+        if not self._strip:
+            return data
+        return b"".join(e + b"\n\n" for e in kept)
+
+    def _event(self, event: bytes, now: float) -> bool:
+        """Account one complete SSE event; True if the proxy should drop it (injected usage)."""
+        if event[:5] == b"data:" and b"\n" not in event:
+            payload = event[5:]
+        else:
+            parts = [line[5:] for line in event.split(b"\n") if line[:5] == b"data:"]
+            if not parts:
+                return False   # comments, keep-alives, event:/id: lines alone
+            payload = b"\n".join(parts)
+        payload = payload.strip()
+        if payload == b"[DONE]":
+            self._done = True
+            return False
+        self._seen_data = True
+        try:
+            obj = _loads(payload)
+        except ValueError:
+            return False
+        if type(obj) is not dict:
+            return False
+        return self._chunk(obj, now)
+
+    def _chunk(self, obj: dict, now: float) -> bool:
+        if self._model is None:
+            model = obj.get("model")
+            if isinstance(model, str):
+                self._model = model
+        err = obj.get("error")
+        if err is not None or obj.get("object") == "error":
+            self._set_error(err if isinstance(err, dict) else obj)
+            return False
+        usage = obj.get("usage")
+        if usage:
+            self._usage = usage
+        choices = obj.get("choices")
+        if not choices:
+            return bool(usage) and self._strip
+        tokens = 0
+        texts = self._texts
+        for choice in choices:
+            text = choice.get("text")
+            if not text:
+                delta = choice.get("delta")
+                if delta:
+                    text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+                    if not text and delta.get("tool_calls"):
+                        text = " "   # a tool-call fragment is generated output too
+            if text:
+                tokens += 1
+                if texts is not None and isinstance(text, str):
+                    texts.append(text)
+            reason = choice.get("finish_reason")
+            if reason:
+                self._finish.append(reason)
+        if tokens:
+            if self._first is None:
+                self._first = now
+            else:
+                self._itl.append(now - self._last)
+            self._last = now
+            self._chunks += tokens
+        return False
+
+    def _set_error(self, err: dict) -> None:
+        if self._error is None:
+            self._error = str(err.get("message") or err.get("detail") or "upstream error")[:500]
+            kind = err.get("type") or err.get("code")
+            self._error_type = str(kind) if kind else "upstream_error"
+
+    # ---- whole bodies ----------------------------------------------------------------------
+    def feed_json_body(self, body: bytes, now: float) -> None:
+        """A non-streaming response (or an error body): TTFT = E2E there."""
+        self._body = True
+        try:
+            obj = _loads(body)
+        except ValueError:
+            return
+        if not isinstance(obj, dict):
+            return
+        if isinstance(obj.get("model"), str):
+            self._model = obj["model"]
+        err = obj.get("error")
+        if err is not None or obj.get("object") == "error":
+            self._set_error(err if isinstance(err, dict) else obj)
+            return
+        if obj.get("usage"):
+            self._usage = obj["usage"]
+        for choice in obj.get("choices") or ():
+            message = choice.get("message") or {}
+            text = choice.get("text") or message.get("content")
+            if text:
+                self._chunks += 1
+                if self._texts is not None and isinstance(text, str):
+                    self._texts.append(text)
+            if choice.get("finish_reason"):
+                self._finish.append(choice["finish_reason"])
+        self._first = now
+
+    # ---- the end -----------------------------------------------------------------------------
+    @property
+    def done_seen(self) -> bool:
+        return self._done
+
+    def finish(self, now: float) -> RequestTiming:
+        e2e = now - self.start
+        error, error_type = self._error, self._error_type
+        if self._body:
+            ttft = e2e if error is None and self._first is not None else None
+        else:
+            ttft = self._first - self.start if self._first is not None else None
+            if error is None and not self._done and self._seen_data:
+                error, error_type = "stream ended before data: [DONE]", "incomplete_stream"
+        usage = self._usage or {}
+        completion = usage.get("completion_tokens")
+        output_tokens = completion if isinstance(completion, int) else self._chunks
+        prompt = usage.get("prompt_tokens")
+        tpot = (e2e - ttft) / (output_tokens - 1) if ttft is not None and output_tokens > 1 else None
+        return RequestTiming(
+            ttft=ttft, e2e=e2e, itl=self._itl, tpot=tpot, output_tokens=output_tokens,
+            input_tokens=prompt if isinstance(prompt, int) else None, finish_reasons=self._finish,
+            error=error, usage_seen=isinstance(completion, int), model=self._model, error_type=error_type,
+            first_token_at=self._first, output_text="".join(self._texts) if self._texts is not None else None)

@@ -1,0 +1,114 @@
+"""OpenTelemetry: one SERVER span per measured request, GenAI attribute names, W3C propagation.
+
+The tracer provider is injected (tests pass one with an InMemorySpanExporter). In production
+`provider_from_env()` exports over OTLP/HTTP when the standard `OTEL_EXPORTER_OTLP_ENDPOINT` or
+`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` variable is set (the exporter reads the rest of the
+`OTEL_EXPORTER_OTLP_*` variables itself), and otherwise records nothing.
+
+Prompt and completion text and the Authorization header are never attributes unless content
+capture is switched on, and even then Authorization is not: only `gen_ai.input.messages` and
+`gen_ai.output.messages` are added.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from opentelemetry.propagators.textmap import DefaultGetter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from sidecar.slo import SloClass, Verdict
+from sidecar.timing import RequestTiming
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+_CONTENT_LIMIT = 16_384
+
+
+def provider_from_env(service_name: str = "goodput-sidecar") -> TracerProvider:
+    provider = TracerProvider(resource=Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service_name)}))
+    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    return provider
+
+
+class _HeaderGetter(DefaultGetter):
+    def get(self, carrier, key):
+        value = carrier.get(key)
+        return [value] if value is not None else None
+
+
+class RequestSpan:
+    """The span of one request: opened at receipt, ended exactly once by `end()`."""
+
+    __slots__ = ("span", "_start_wall_ns", "_start_perf", "_ended")
+
+    def __init__(self, tracer, operation: str, model: str | None, incoming_headers, start_perf: float,
+                 server_address: str, server_port: int | None):
+        context = _PROPAGATOR.extract(incoming_headers, getter=_HeaderGetter())
+        self._start_wall_ns = time.time_ns()
+        self._start_perf = start_perf
+        name = f"{operation} {model}" if model else operation
+        attrs = {"gen_ai.operation.name": operation, "server.address": server_address}
+        if server_port is not None:
+            attrs["server.port"] = server_port
+        if model:
+            attrs["gen_ai.request.model"] = model
+        self.span = tracer.start_span(name, context=context, kind=SpanKind.SERVER, attributes=attrs,
+                                      start_time=self._start_wall_ns)
+        self._ended = False
+
+    def inject(self, headers: dict) -> None:
+        """Write `traceparent` (and `tracestate`) for the upstream request into `headers`."""
+        from opentelemetry import trace
+        _PROPAGATOR.inject(headers, context=trace.set_span_in_context(self.span))
+
+    def request_attributes(self, stream: bool, max_tokens: int | None, slo: SloClass) -> None:
+        self.span.set_attribute("gen_ai.request.stream", stream)
+        if isinstance(max_tokens, int):
+            self.span.set_attribute("gen_ai.request.max_tokens", max_tokens)
+        self.span.set_attribute("goodput.slo_class", slo.name)
+
+    def capture_input(self, body: dict) -> None:
+        content = body.get("messages", body.get("prompt"))
+        if content is not None:
+            self.span.set_attribute("gen_ai.input.messages", json.dumps(content)[:_CONTENT_LIMIT])
+
+    def end(self, timing: RequestTiming, verdict: Verdict, error_type: str | None, end_perf: float,
+            capture_output: bool = False) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        span = self.span
+        if timing.model:
+            span.set_attribute("gen_ai.response.model", timing.model)
+        if timing.finish_reasons:
+            span.set_attribute("gen_ai.response.finish_reasons", list(timing.finish_reasons))
+        if timing.input_tokens is not None:
+            span.set_attribute("gen_ai.usage.input_tokens", timing.input_tokens)
+        span.set_attribute("gen_ai.usage.output_tokens", timing.output_tokens)
+        span.set_attribute("goodput.e2e_seconds", timing.e2e)
+        if timing.ttft is not None:
+            span.set_attribute("goodput.ttft_seconds", timing.ttft)
+            span.set_attribute("gen_ai.response.time_to_first_chunk", timing.ttft)
+        if timing.tpot is not None:
+            span.set_attribute("goodput.tpot_seconds", timing.tpot)
+        span.set_attribute("goodput.outcome", verdict.outcome)
+        span.set_attribute("goodput.slo_violated", list(verdict.violated))
+        if timing.first_token_at is not None:
+            span.add_event("gen_ai.first_token", timestamp=self._wall(timing.first_token_at))
+        if capture_output and timing.output_text is not None:
+            span.set_attribute("gen_ai.output.messages", timing.output_text[:_CONTENT_LIMIT])
+        if error_type is not None:
+            span.set_attribute("error.type", error_type)
+            span.set_status(Status(StatusCode.ERROR))
+        span.end(end_time=self._wall(end_perf))
+
+    def _wall(self, perf: float) -> int:
+        return self._start_wall_ns + int((perf - self._start_perf) * 1e9)
