@@ -1,0 +1,105 @@
+"""`goodput engine serve` and `goodput bench engine`. Heavy imports stay inside the functions."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from goodput_cli.errors import UsageError
+
+
+def register(registry) -> None:
+    p = registry.command("engine serve", "serve the bundled engine (OpenAI-compatible)", serve)
+    p.add_argument("--model", default="smollm2", help="smollm2 (default), tiny, a .gguf file or an HF folder")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", action="append", default=None,
+                   help="name(s) clients use in 'model' (repeatable; default: the model's short name)")
+    add_engine_args(p)
+    p.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
+
+    b = registry.command("bench engine", "engine performance against its floors and transformers", bench)
+    b.add_argument("--model", default="smollm2", help="model to measure (default smollm2)")
+    b.add_argument("--json", dest="json_path", default=None, help="also write the results as JSON to this file")
+    b.add_argument("--quick", action="store_true", help="fewer repeats and tokens (a smoke run, not the numbers)")
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
+    p.add_argument("--kv-cache-memory", default="512MiB", help="KV cache budget, e.g. 512MiB, 2GiB (default 512MiB)")
+    p.add_argument("--num-blocks", type=int, default=None, help="KV blocks to allocate (overrides --kv-cache-memory)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget of one step (default 2048)")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="most requests in one step (default 64)")
+    p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    p.add_argument("--no-chunked-prefill", action="store_true", help="run each prompt's prefill whole in one step")
+    p.add_argument("--no-prefix-caching", action="store_true", help="switch automatic prefix caching off")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    p.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def engine_config(args):
+    import torch
+
+    from engine.config import EngineConfig, parse_bytes
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device is available here; use --device cpu")
+    dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+    try:
+        return EngineConfig(block_size=args.block_size, kv_cache_memory=parse_bytes(args.kv_cache_memory),
+                            num_blocks=args.num_blocks, max_num_batched_tokens=args.max_num_batched_tokens,
+                            max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                            enable_chunked_prefill=not args.no_chunked_prefill,
+                            enable_prefix_caching=not args.no_prefix_caching, device=device, dtype=dtype, seed=args.seed)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def load_engine(model: str, cfg, progress=None):
+    """(engine, default served name); every expected failure becomes a one-line UsageError."""
+    from engine.core import LLMEngine
+    from engine.weights import resolve_model
+    from engine.weights.fetch import FetchError
+
+    progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    try:
+        folder, name = resolve_model(model, progress)
+        return LLMEngine.from_folder(folder, cfg), name, folder
+    except (FileNotFoundError, FetchError, ValueError, KeyError) as exc:
+        msg = str(exc) if not isinstance(exc, KeyError) else f"the model config lacks {exc}"
+        raise UsageError(f"cannot load model {model!r}: {msg}") from None
+
+
+def serve(args) -> int:
+    import uvicorn
+    from prometheus_client import CollectorRegistry
+
+    from engine.engine_loop import EngineLoop
+    from engine.metrics import EngineMetrics
+    from engine.server import make_app
+
+    cfg = engine_config(args)
+    t0 = time.monotonic()
+    engine, name, folder = load_engine(args.model, cfg)
+    names = args.served_model_name or [name]
+    registry = CollectorRegistry()
+    loop = EngineLoop(engine, EngineMetrics(registry, names[0]))
+    loop.start()
+    app = make_app(loop, names, registry, {"root": str(folder)})
+    print(f"goodput engine: {names[0]} loaded in {time.monotonic() - t0:.1f}s ({engine.num_blocks} KV blocks of "
+          f"{cfg.block_size}, context {engine.max_model_len}, {cfg.device} {cfg.dtype}); "
+          f"serving http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    finally:
+        loop.stop()
+    return 0
+
+
+def bench(args) -> int:
+    from engine.bench import run_bench
+
+    return run_bench(args)

@@ -1,0 +1,113 @@
+"""A Llama-family decoder in torch over a flattened batch of tokens and a paged KV cache.
+
+Weights are kept in the layout the hot loop wants: Q/K/V fused into one matrix and gate/up into
+another, all stored transposed and contiguous so every projection is `x @ W_t` (measured ~1.7x
+faster than F.linear on this CPU for the big LM head). Only the rows that need sampling go
+through the LM head.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention import AttentionMetadata, paged_attention
+from engine.config import ModelConfig
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim))
+    sc = cfg.rope_scaling or {}
+    kind = sc.get("rope_type") or sc.get("type")
+    if kind == "linear":
+        inv = inv / sc["factor"]
+    elif kind == "llama3":
+        # Same piecewise rule as transformers' _compute_llama3_parameters.
+        factor, low, high = sc["factor"], sc.get("low_freq_factor", 1.0), sc.get("high_freq_factor", 4.0)
+        old = sc.get("original_max_position_embeddings", 8192)
+        wavelen = 2 * math.pi / inv
+        smooth = (old / wavelen - low) / (high - low)
+        scaled = torch.where(wavelen > old / low, inv / factor, inv)
+        mid = (1 - smooth) * scaled / factor + smooth * scaled
+        is_mid = (wavelen <= old / low) & (wavelen >= old / high)
+        inv = torch.where(is_mid, mid, scaled)
+    elif kind not in (None, "default"):
+        raise ValueError(f"rope scaling {kind!r} is not supported (default, linear, llama3 are)")
+    return inv.float()
+
+
+class LlamaModel:
+    def __init__(self, cfg: ModelConfig, state: dict, max_len: int, device="cpu", dtype=torch.float32):
+        self.cfg, self.device, self.dtype = cfg, torch.device(device), dtype
+
+        def w(name):
+            if name not in state:
+                raise ValueError(f"checkpoint is missing tensor {name}")
+            return state[name].to(device=device, dtype=dtype)
+
+        def t(x):  # transposed, contiguous copy
+            return x.t().contiguous()
+
+        self.embed = w("model.embed_tokens.weight")
+        head = self.embed if cfg.tie_word_embeddings or "lm_head.weight" not in state else w("lm_head.weight")
+        self.lm_head_t = t(head)
+        self.norm = w("model.norm.weight")
+        self.layers = []
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            self.layers.append({
+                "ln1": w(p + "input_layernorm.weight"), "ln2": w(p + "post_attention_layernorm.weight"),
+                "qkv_t": t(torch.cat([w(p + f"self_attn.{n}_proj.weight") for n in "qkv"])),
+                "o_t": t(w(p + "self_attn.o_proj.weight")),
+                "gate_up_t": t(torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")])),
+                "down_t": t(w(p + "mlp.down_proj.weight")),
+            })
+        pos = torch.arange(max_len, dtype=torch.float32)
+        freqs = torch.outer(pos, rope_inv_freq(cfg))
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.cos = emb.cos().to(device=device, dtype=dtype)
+        self.sin = emb.sin().to(device=device, dtype=dtype)
+        self.scale = cfg.head_dim ** -0.5
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+
+    def num_parameters(self) -> int:
+        n = self.embed.numel() + self.norm.numel()
+        if self.lm_head_t.data_ptr() != self.embed.data_ptr() and not self.cfg.tie_word_embeddings:
+            n += self.lm_head_t.numel()
+        return n + sum(x.numel() for layer in self.layers for x in layer.values())
+
+    def _rms(self, x, weight):
+        var = x.pow(2).mean(-1, keepdim=True)
+        return x * torch.rsqrt(var + self.cfg.rms_norm_eps) * weight
+
+    def _rope(self, x, cos, sin):
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], logits_rows: torch.Tensor) -> torch.Tensor:
+        """input_ids, positions: (T,). Returns logits (len(logits_rows), vocab)."""
+        cfg = self.cfg
+        T = input_ids.shape[0]
+        h = self.embed.index_select(0, input_ids)
+        cos = self.cos.index_select(0, positions)[:, None, :]
+        sin = self.sin.index_select(0, positions)[:, None, :]
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            x = self._rms(h, layer["ln1"])
+            qkv = x @ layer["qkv_t"]
+            q = qkv[:, : self.q_size].view(T, cfg.num_heads, cfg.head_dim)
+            k = qkv[:, self.q_size: self.q_size + self.kv_size].view(T, cfg.num_kv_heads, cfg.head_dim)
+            v = qkv[:, self.q_size + self.kv_size:].view(T, cfg.num_kv_heads, cfg.head_dim)
+            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+            attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
+            h = h + attn.reshape(T, self.q_size) @ layer["o_t"]
+            x = self._rms(h, layer["ln2"])
+            gu = x @ layer["gate_up_t"]
+            inter = gu.shape[1] // 2
+            h = h + (F.silu(gu[:, :inter]) * gu[:, inter:]) @ layer["down_t"]
+        last = self._rms(h.index_select(0, logits_rows), self.norm)
+        return (last @ self.lm_head_t).float()
