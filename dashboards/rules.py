@@ -164,14 +164,15 @@ def autoscaling_alerts(config: RulesConfig) -> list[dict]:
 
 
 def build_groups(config: RulesConfig | None = None) -> list[dict]:
+    """Alerts share a group with the recording rules they read. Rules within a group run in order
+    at one timestamp, while separate groups run independently; apart, an alert could read the
+    recording from one evaluation earlier (promtool even picks the group order at random)."""
     config = config or RulesConfig()
     engine_recording, engine_alerts = engine_rules(config)
     return [
-        {"name": "goodput-slo-recording", "rules": slo_recording_rules()},
-        {"name": "goodput-engine-recording", "rules": engine_recording},
-        {"name": "goodput-slo-alerts", "rules": slo_alerts(config)},
-        {"name": "goodput-engine-alerts", "rules": engine_alerts},
-        {"name": "goodput-autoscaling-alerts", "rules": autoscaling_alerts(config)},
+        {"name": "goodput-slo", "rules": slo_recording_rules() + slo_alerts(config)},
+        {"name": "goodput-engine", "rules": engine_alerts},
+        {"name": "goodput-autoscaling", "rules": engine_recording + autoscaling_alerts(config)},
     ]
 
 
