@@ -77,12 +77,21 @@ class Registry:
         return parser
 
 
-def _not_built(path: str, issue: int) -> Callable[[argparse.Namespace], int]:
+def _not_built(path: str, issue: int, failures: dict[str, str]) -> Callable[[argparse.Namespace], int]:
     def run(_args: argparse.Namespace) -> int:
+        if failures:
+            # A provider that failed to load may be the one owning this command: say so, not "not built".
+            detail = "; ".join(f"{mod}: {err}" for mod, err in failures.items())
+            print(f"goodput {path}: unavailable, a command module failed to load ({detail})", file=sys.stderr)
+            return 1
         print(f"goodput {path}: not built yet (issue #{issue})", file=sys.stderr)
         return 2
 
     return run
+
+
+# Import failures of providers, by module; tests assert it stays empty.
+PROVIDER_FAILURES: dict[str, str] = {}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,18 +108,21 @@ def build_parser() -> argparse.ArgumentParser:
         sub.required = True
         groups[name] = sub
     registry = Registry(top, groups)
+    PROVIDER_FAILURES.clear()
     for module_name in PROVIDERS:
         try:
             module = importlib.import_module(module_name)
+            module.register(registry)
         except ModuleNotFoundError as exc:
-            # Only "that provider does not exist yet" is skipped; a broken import inside it is an error.
+            # "That provider does not exist yet" is expected while the project grows.
             if exc.name is not None and (module_name == exc.name or module_name.startswith(exc.name + ".")):
                 continue
-            raise
-        module.register(registry)
+            PROVIDER_FAILURES[module_name] = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # noqa: BLE001  one broken module must not take every command down
+            PROVIDER_FAILURES[module_name] = f"{type(exc).__name__}: {exc}"
     for path, (help, issue) in EXPECTED.items():
         if path not in registry.registered:
-            registry.command(path, f"{help} [not built yet]", _not_built(path, issue))
+            registry.command(path, f"{help} [not built yet]", _not_built(path, issue, PROVIDER_FAILURES))
     return parser
 
 

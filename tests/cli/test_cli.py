@@ -19,6 +19,14 @@ def test_every_design_command_has_help(path, capsys):
     assert "usage: goodput" in capsys.readouterr().out
 
 
+def test_every_command_module_loads():
+    # A provider that raises on import would otherwise only show up as "unavailable" at run time.
+    from goodput_cli import main as cli
+
+    cli.build_parser()
+    assert cli.PROVIDER_FAILURES == {}
+
+
 def test_unknown_command_exits_2():
     proc = subprocess.run(goodput_command("no-such-command"), capture_output=True, text=True)
     assert proc.returncode == 2
