@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         import httpx
 
         model = httpx.get(f"{sidecar_url}/v1/models", timeout=30).json()["data"][0]["id"]
-        tokenizer = _tokenizer_path(args.engine_port)
+        tokenizer = tokenizer_file(args.model)
         slice_ = traces.window(reqs, 0.0, args.trace_duration)
         fitted, fit = traces.fit_to_model(slice_, max_model_len=2048, max_input=args.max_input, max_output=args.max_output)
         n_in = int(np.median([r.input_tokens for r in fitted]))
@@ -153,13 +153,16 @@ def run(args: argparse.Namespace) -> int:
             p.stop()
 
 
-def _tokenizer_path(engine_port: int):
-    """The engine's tokenizer.json when it tells us where it is (exact prompt lengths), else None."""
-    import httpx
+def tokenizer_file(model: str) -> Path | None:
+    """The tokenizer.json of the engine's model, for token-exact prompts (None if there is none).
+
+    The demo starts the engine first, so the weights are already fetched and converted here.
+    """
+    from engine.weights import resolve_model
 
     try:
-        info = httpx.get(f"http://127.0.0.1:{engine_port}/v1/models", timeout=10).json()["data"][0]
-        path = info.get("tokenizer_path")
-        return Path(path) if path and Path(path).is_file() else None
-    except (httpx.HTTPError, KeyError, IndexError, ValueError):
+        folder, _ = resolve_model(model, progress=lambda *_: None)
+    except (OSError, ValueError):
         return None
+    path = folder / "tokenizer.json"
+    return path if path.is_file() else None
