@@ -157,7 +157,7 @@ def convert_gguf_to_folder(path: Path, folder: Path) -> None:
     gguf = GGUFFile(path)
     tmp = folder.with_name(folder.name + ".part")
     tmp.mkdir(parents=True, exist_ok=True)
-    state = {name: torch.from_numpy(np.ascontiguousarray(arr)) for name, arr in gguf.tensors()}
+    state = {name: torch.from_numpy(np.array(arr, dtype=np.float32)) for name, arr in gguf.tensors()}
     save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt", "source": path.name})
     (tmp / "config.json").write_text(json.dumps(gguf.model_config(), indent=1))
     write_tokenizer_files(gguf, tmp)
