@@ -1,0 +1,150 @@
+"""Runs every policy on one trace and scores it: attainment, goodput, replica-minutes, ...
+
+All policies start from the same deployment size (what the oracle has at t = 0) so none begins
+under- or over-provisioned by accident. Cost is counted over the trace's span only (the drain
+after the last arrival is simulated so every request finishes, but not billed).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from forecaster.simulate.fleet import RequestFleet
+from forecaster.simulate.loop import LoopConfig, run
+from forecaster.simulate.oracle import HEADROOMS, Oracle, oracle_plan, required_replicas
+from forecaster.simulate.policies import Limits, make_policy
+from forecaster.simulate.profiles import ServiceProfile
+from forecaster.simulate.traces import RequestTrace
+
+
+@dataclass(frozen=True)
+class PolicyResult:
+    policy: str
+    requests: int
+    good: int
+    dropped: int
+    unfinished: int
+    attainment: float
+    goodput_rps: float
+    replica_minutes: float
+    scale_events: int
+    underprovisioned_s: float
+    mean_replicas: float
+    peak_replicas: int
+    ttft_p99_s: float
+    tpot_p99_s: float
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class PolicyRun:
+    result: PolicyResult
+    series: dict  # per-second arrays: t, spec, ready, starting, draining, waiting, running, arrivals, metric, required
+
+
+def score(name: str, fleet: RequestFleet, timeline, required: np.ndarray, trace_end_s: float, note: str = "") -> PolicyRun:
+    s = timeline.arrays()
+    n = len(fleet.arrival)
+    finished = np.isfinite(fleet.t_done)
+    good = int(fleet.good.sum())
+    dropped = int(fleet.dropped.sum())
+    in_span = s["t"] < trace_end_s
+    cost = s["spec"] + s["draining"]
+    req = np.ceil(required - 1e-9)
+    idx = np.minimum(s["t"].astype(int), len(req) - 1)
+    under = (s["ready"] < req[idx]) & in_span
+    ttft = (fleet.t_first - fleet.arrival)[finished]
+    out = fleet.output[finished]
+    tpot = np.where(out > 1, (fleet.t_done - fleet.t_first)[finished] / np.maximum(out - 1, 1), 0.0)
+    result = PolicyResult(
+        policy=name, requests=n, good=good, dropped=dropped, unfinished=int(n - finished.sum() - dropped),
+        attainment=good / n if n else 1.0, goodput_rps=good / trace_end_s if trace_end_s else 0.0,
+        replica_minutes=float(cost[in_span].sum()) / 60.0, scale_events=timeline.scale_events,
+        underprovisioned_s=float(under.sum()), mean_replicas=float(cost[in_span].mean()) if in_span.any() else 0.0,
+        peak_replicas=int(cost.max()) if len(cost) else 0,
+        ttft_p99_s=float(np.percentile(ttft, 99)) if len(ttft) else math.nan,
+        tpot_p99_s=float(np.percentile(tpot, 99)) if len(tpot) else math.nan, note=note)
+    s["required"] = req[idx]
+    return PolicyRun(result, s)
+
+
+def work_per_second(trace: RequestTrace, profile: ServiceProfile, operating_batch: int = 32) -> np.ndarray:
+    """Replica-seconds of work arriving in each second of the trace."""
+    batch = min(profile.max_batch, operating_batch)
+    work = profile.request_work_s(trace.prompt_tokens.astype(float), trace.output_tokens.astype(float), batch)
+    return np.bincount(trace.arrival_s.astype(np.int64), weights=work, minlength=int(trace.duration_s) + 1)
+
+
+def sweep_capacity(profile: ServiceProfile, trace: RequestTrace, target: float = 0.99, seconds: float = 600.0,
+                   seed: int = 1, tick_s: float = 0.1) -> float:
+    """What `goodput sweep` measures: the highest Poisson rate one replica serves at `target` attainment,
+    with prompt/output lengths drawn from the trace. Bisection over the rate."""
+    rng = np.random.default_rng(seed)
+    mean_work = float(np.mean(profile.request_work_s(trace.prompt_tokens.astype(float),
+                                                     trace.output_tokens.astype(float), min(profile.max_batch, 32))))
+    lo, hi = 0.0, 2.0 / mean_work
+    for _ in range(10):
+        rate = (lo + hi) / 2
+        n = max(1, int(rate * seconds))
+        arrivals = np.cumsum(rng.exponential(1.0 / rate, n))
+        pick = rng.integers(0, len(trace), n)
+        probe = RequestTrace("sweep", arrivals, trace.prompt_tokens[pick], trace.output_tokens[pick])
+        fleet = RequestFleet(profile, probe, 1, 0.0, tick_s)
+        t, k = 0.0, 0
+        while not fleet.idle and t < arrivals[-1] + 600:
+            fleet.step(t)
+            k += 1
+            t = k * tick_s
+        if fleet.good.mean() >= target:
+            lo = rate
+        else:
+            hi = rate
+    return lo
+
+
+def simulate_trace(trace: RequestTrace, profile: ServiceProfile, policy_names: list[str], loop: LoopConfig,
+                   limits: Limits, tick_s: float = 0.1, target: float = 0.99, capacity_rps: float | None = None,
+                   goodput_overrides: dict | None = None, progress=None) -> tuple[list[PolicyRun], dict]:
+    """Every named policy on the trace. Returns the runs and facts about the setup (for the report)."""
+    end = trace.duration_s
+    required = required_replicas(work_per_second(trace, profile), profile.slo.ttft_s)
+    base_plan = oracle_plan(required, loop.cold_start_s, limits.min_replicas, limits.max_replicas)
+    initial = int(base_plan[0])
+    if capacity_rps is None and "goodput" in policy_names:
+        capacity_rps = sweep_capacity(profile, trace, target, tick_s=tick_s)
+    runs: list[PolicyRun] = []
+    for name in policy_names:
+        if name == "oracle":
+            runs.append(_oracle_search(trace, profile, loop, limits, required, tick_s, target, progress))
+            continue
+        policy = make_policy(name, limits, loop.cold_start_s, capacity_rps, goodput_overrides=goodput_overrides)
+        fleet = RequestFleet(profile, trace, initial, loop.cold_start_s, tick_s)
+        timeline = run(fleet, policy, loop, end, progress=_bind(progress, name))
+        runs.append(score(name, fleet, timeline, required, end))
+    facts = {"initial_replicas": initial, "capacity_rps": capacity_rps, "requests": len(trace),
+             "duration_s": end, "mean_rate_rps": len(trace) / end if end else 0.0}
+    return runs, facts
+
+
+def _oracle_search(trace, profile, loop, limits, required, tick_s, target, progress) -> PolicyRun:
+    best = None
+    for headroom in HEADROOMS:
+        plan = oracle_plan(required * headroom, loop.cold_start_s, limits.min_replicas, limits.max_replicas)
+        fleet = RequestFleet(profile, trace, int(plan[0]), loop.cold_start_s, tick_s)
+        timeline = run(fleet, Oracle(plan, headroom), loop, trace.duration_s, progress=_bind(progress, f"oracle x{headroom:g}"))
+        best = score("oracle", fleet, timeline, required, trace.duration_s, note=f"headroom x{headroom:g}")
+        if best.result.attainment >= target:
+            break
+    return best
+
+
+def _bind(progress, name):
+    if progress is None:
+        return None
+    return lambda t: progress(name, t)
