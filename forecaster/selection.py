@@ -5,7 +5,8 @@
   refused at once (FitBusy) instead of piling up behind it.
 - `ModelSelector` picks, every `reselect_every` calls, the candidate with the lowest mean absolute
   error at the decision horizon over the last few origins of the history (a rolling-origin
-  backtest), fits the chosen model on every call, and on failure falls back to the last good fit
+  backtest; the first candidate is kept unless another is `margin` better), fits the chosen
+  model on every call, and on failure falls back to the last good fit
   (its forecast shifted by the steps since), then to the naive forecast (the reactive signal).
 """
 
@@ -67,8 +68,8 @@ class ModelSelector:
     """Forecasts one series; owns the choice of model, the last good fit and the fallbacks."""
 
     def __init__(self, candidates: list[Model], steps: int, fit_timeout: float = 2.0,
-                 reselect_every: int = 20, num_origins: int = 6, min_points: int = 20,
-                 stale_steps: int | None = None):
+                 reselect_every: int = 20, num_origins: int = 12, min_points: int = 20,
+                 stale_steps: int | None = None, margin: float = 0.1):
         if not candidates:
             raise ValueError("at least one candidate model is needed")
         if steps < 1:
@@ -79,6 +80,7 @@ class ModelSelector:
         self.reselect_every = reselect_every
         self.num_origins = num_origins
         self.min_points = min_points
+        self.margin = margin
         # A last good fit is usable while it has forecasts left for the whole horizon.
         self.stale_steps = stale_steps if stale_steps is not None else 2 * steps
         self.chosen = candidates[0].name
@@ -90,7 +92,7 @@ class ModelSelector:
         """Rolling-origin backtest of every candidate at the horizon on the recent history."""
         n = len(y)
         h = self.steps
-        origins = [n - h - k * max(1, h // 2) for k in range(self.num_origins)]
+        origins = [n - h - k * max(1, h // 4) for k in range(self.num_origins)]
         origins = [o for o in origins if o >= self.min_points]
         if len(self.candidates) == 1 or not origins:
             return self.chosen
@@ -106,7 +108,13 @@ class ModelSelector:
                 continue
             scores[name] = float(np.mean(errs))
         if scores:
-            self.chosen = min(scores, key=scores.get)
+            best = min(scores, key=scores.get)
+            default = next(iter(self.candidates))
+            # A few origins make a noisy score: leave the default (first) candidate only for a
+            # clear win, so selection does not chase noise.
+            if default in scores and scores[best] > (1.0 - self.margin) * scores[default]:
+                best = default
+            self.chosen = best
         return self.chosen
 
     def forecast(self, y: np.ndarray, end_index: int | None = None) -> Forecast:

@@ -1,0 +1,218 @@
+"""What the forecaster publishes: Prometheus `/metrics` and the Kubernetes External Metrics API.
+
+`ForecastState` owns the latest decision; the loop (forecaster/runner.py) writes it, the two
+HTTP servers only read it. The External Metrics API answers what kube-apiserver's aggregation
+layer forwards to an `APIService` for external.metrics.k8s.io/v1beta1: the discovery documents
+and, per metric, an `ExternalMetricValueList` filtered by the request's label selector; an
+unknown metric gets a 404 `Status` object like the API server's own.
+
+The metrics port (plain HTTP, default 9090) and the API port (HTTPS, default 8443) are separate:
+Prometheus scrapes the first without TLS, the API server's aggregation layer requires the second.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+from forecaster.policy import Decision
+from forecaster.selectors import parse_selector
+
+GROUP = "external.metrics.k8s.io"
+VERSION = "v1beta1"
+GROUP_VERSION = f"{GROUP}/{VERSION}"
+EXTERNAL_METRICS = ("goodput_desired_replicas", "goodput_forecast_queue_depth", "goodput_forecast_arrival_rate")
+
+
+@dataclass
+class Published:
+    decision: Decision
+    observed_replicas: int
+    horizon_seconds: float
+    timestamp: datetime
+
+
+class ForecastState:
+    """The latest published decision (one writer: the loop; many readers: the servers)."""
+
+    def __init__(self, horizon_seconds: float):
+        self.horizon_seconds = horizon_seconds
+        self._lock = threading.Lock()
+        self._published: Published | None = None
+
+    def publish(self, decision: Decision, observed_replicas: int) -> None:
+        with self._lock:
+            self._published = Published(decision, observed_replicas, self.horizon_seconds,
+                                        datetime.now(timezone.utc))
+
+    def get(self) -> Published | None:
+        with self._lock:
+            return self._published
+
+
+def _horizon_label(seconds: float) -> str:
+    return f"{seconds:g}"
+
+
+class ForecastCollector:
+    """prometheus_client collector reading ForecastState at scrape time."""
+
+    def __init__(self, state: ForecastState):
+        self.state = state
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        p = self.state.get()
+        if p is None:
+            return
+        d, h = p.decision, _horizon_label(p.horizon_seconds)
+        q = GaugeMetricFamily("goodput_forecast_queue_depth", "Predicted fleet queue depth (requests) at the horizon "
+                              "with the current replicas", labels=["horizon_seconds", "bound"])
+        q.add_metric([h, "mean"], d.queue_depth_mean)
+        q.add_metric([h, "upper"], d.queue_depth_upper)
+        yield q
+        a = GaugeMetricFamily("goodput_forecast_arrival_rate", "Forecast arrival rate (requests/s) at the horizon",
+                              labels=["horizon_seconds", "bound"])
+        a.add_metric([h, "mean"], d.arrival_rate_mean)
+        a.add_metric([h, "upper"], d.arrival_rate_upper)
+        yield a
+        yield GaugeMetricFamily("goodput_desired_replicas", "Replicas the forecaster asks for", value=d.desired_replicas)
+        yield GaugeMetricFamily("goodput_observed_replicas", "Ready replicas observed", value=p.observed_replicas)
+        yield GaugeMetricFamily("goodput_replica_capacity_requests_per_second",
+                                "Per-replica capacity while SLOs hold (configured or learned)", value=d.capacity_rps)
+        info = GaugeMetricFamily("goodput_forecast_model_info", "The model that made the current forecast",
+                                 labels=["model_name"])
+        info.add_metric([d.model_name], 1.0)
+        yield info
+
+
+def quantity(value: float) -> str:
+    """A Kubernetes resource.Quantity string: integers plain, else milli-units ("1500m")."""
+    if float(value).is_integer():
+        return str(int(value))
+    return f"{round(value * 1000)}m"
+
+
+def _status(code: int, reason: str, message: str, name: str | None = None) -> dict:
+    body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+            "reason": reason, "code": code}
+    if name is not None:
+        body["details"] = {"name": name, "group": GROUP, "kind": name}
+    return body
+
+
+class ExternalMetricsAPI:
+    """GET path + query → (status code, JSON body). No I/O, so tests can call it directly."""
+
+    def __init__(self, state: ForecastState):
+        self.state = state
+
+    def discovery(self, path: str) -> dict | None:
+        version = {"groupVersion": GROUP_VERSION, "version": VERSION}
+        group = {"name": GROUP, "versions": [version], "preferredVersion": version}
+        if path == "/apis":
+            return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [group]}
+        if path == f"/apis/{GROUP}":
+            return {"kind": "APIGroup", "apiVersion": "v1", **group}
+        if path == f"/apis/{GROUP_VERSION}":
+            resources = [{"name": m, "singularName": "", "namespaced": True, "kind": "ExternalMetricValueList",
+                          "verbs": ["get"]} for m in EXTERNAL_METRICS]
+            return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": GROUP_VERSION,
+                    "resources": resources}
+        return None
+
+    def items(self, metric: str) -> list[tuple[dict, float]]:
+        p = self.state.get()
+        if p is None:
+            return []
+        d, h = p.decision, _horizon_label(p.horizon_seconds)
+        if metric == "goodput_desired_replicas":
+            return [({}, d.desired_replicas)]
+        if metric == "goodput_forecast_queue_depth":
+            return [({"horizon_seconds": h, "bound": "mean"}, d.queue_depth_mean),
+                    ({"horizon_seconds": h, "bound": "upper"}, d.queue_depth_upper)]
+        return [({"horizon_seconds": h, "bound": "mean"}, d.arrival_rate_mean),
+                ({"horizon_seconds": h, "bound": "upper"}, d.arrival_rate_upper)]
+
+    def get(self, path: str, query: dict[str, list[str]]) -> tuple[int, dict]:
+        path = path.rstrip("/") or "/"
+        doc = self.discovery(path)
+        if doc is not None:
+            return 200, doc
+        prefix = f"/apis/{GROUP_VERSION}/namespaces/"
+        parts = path[len(prefix):].split("/") if path.startswith(prefix) else []
+        if len(parts) != 2 or not all(parts):
+            return 404, _status(404, "NotFound", f"the server could not find the requested resource {path}")
+        namespace, metric = parts
+        if metric not in EXTERNAL_METRICS:
+            return 404, _status(404, "NotFound", f"the server could not find the metric {metric} for namespace "
+                                f"{namespace}; served: {', '.join(EXTERNAL_METRICS)}", name=metric)
+        try:
+            selector = parse_selector(query.get("labelSelector", [""])[0])
+        except ValueError as exc:
+            return 400, _status(400, "BadRequest", f"invalid labelSelector: {exc}")
+        p = self.state.get()
+        stamp = (p.timestamp if p else datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        items = [{"metricName": metric, "metricLabels": labels, "timestamp": stamp, "value": quantity(value)}
+                 for labels, value in self.items(metric) if selector(labels)]
+        return 200, {"kind": "ExternalMetricValueList", "apiVersion": GROUP_VERSION, "metadata": {}, "items": items}
+
+
+def _handler(routes):
+    """A request handler class answering GETs through `routes(path, query) -> (code, type, bytes)`."""
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self):  # noqa: N802 - http.server's naming
+            url = urlsplit(self.path)
+            code, ctype, body = routes(url.path, parse_qs(url.query))
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, fmt, *args):  # quiet: one line per request would flood the log
+            pass
+
+    return Handler
+
+
+def metrics_routes(registry):
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    def routes(path, query):
+        if path == "/metrics":
+            return 200, CONTENT_TYPE_LATEST, generate_latest(registry)
+        if path in ("/healthz", "/readyz", "/livez"):
+            return 200, "text/plain", b"ok"
+        return 404, "text/plain", b"not found; try /metrics\n"
+
+    return routes
+
+
+def api_routes(api: ExternalMetricsAPI):
+    def routes(path, query):
+        if path in ("/healthz", "/readyz", "/livez"):
+            return 200, "text/plain", b"ok"
+        code, body = api.get(path, query)
+        return code, "application/json", json.dumps(body).encode()
+
+    return routes
+
+
+def start_server(routes, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> ThreadingHTTPServer:
+    """Starts a threaded HTTP(S) server in a daemon thread; call .shutdown() to stop it."""
+    server = ThreadingHTTPServer((host, port), _handler(routes))
+    server.daemon_threads = True
+    if ssl_context is not None:
+        server.socket = ssl_context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, name=f"http-{port}", daemon=True).start()
+    return server
