@@ -40,6 +40,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=2048, help="scale trace lengths to fit this context")
     p.add_argument("--max-input", type=int, help="cap trace prompt lengths (scaled by one factor)")
     p.add_argument("--max-output", type=int, help="cap trace output lengths")
+    p.add_argument("--length-scale", type=float,
+                   help="scale trace prompts by this fixed factor (e.g. 0.0625: Mooncake blocks of 32 tokens) and "
+                        "truncate those still over --max-input; default: one factor that fits the longest prompt")
+    p.add_argument("--long-fraction", type=float, default=0.0,
+                   help="synthetic mix: this fraction of requests get --long-input-tokens prompts instead")
+    p.add_argument("--long-input-tokens", type=int, default=1024, help="prompt length of the long requests")
     p.add_argument("--tokenizer", type=Path, help="tokenizer.json of the target model: exact prompt lengths")
     p.add_argument("--slo-ttft", type=float, default=2.0, help="TTFT objective, seconds (default 2)")
     p.add_argument("--slo-tpot", type=float, default=0.25, help="TPOT objective, seconds (default 0.25)")
@@ -83,7 +89,10 @@ def build_workload(args, rate: float | None = None, count: int | None = None, du
         reqs = traces.window(reqs, args.trace_start, args.trace_duration, args.speedup, args.limit)
         if not reqs:
             raise UsageError("the trace window holds no requests; widen --trace-start/--trace-duration")
-        reqs, fit = traces.fit_to_model(reqs, args.max_model_len, args.max_input, args.max_output)
+        try:
+            reqs, fit = traces.fit_to_model(reqs, args.max_model_len, args.max_input, args.max_output, args.length_scale)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
         note = f"trace {args.trace.name}: {len(reqs)} requests"
         if fit.requests_scaled:
             note += f"; lengths fitted to the model: prompts ×{fit.scale:.3f}, {fit.requests_scaled} requests changed"
@@ -100,8 +109,12 @@ def build_workload(args, rate: float | None = None, count: int | None = None, du
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     kind = "Poisson" if args.cv == 1.0 else f"Gamma CV {args.cv}"
-    return (workload.synthetic_workload(times, args.input_tokens, args.output_tokens),
-            f"{kind} {rate:g} req/s, {count} requests", 512)
+    if not 0 <= args.long_fraction <= 1:
+        raise UsageError(f"--long-fraction must be in [0, 1], got {args.long_fraction}")
+    reqs = workload.synthetic_workload(times, args.input_tokens, args.output_tokens, long_fraction=args.long_fraction,
+                                       long_input_tokens=args.long_input_tokens, seed=args.seed)
+    mix = f", {args.long_fraction:.0%} with {args.long_input_tokens}-token prompts" if args.long_fraction else ""
+    return reqs, f"{kind} {rate:g} req/s, {count} requests of {args.input_tokens}+{args.output_tokens} tokens{mix}", 512
 
 
 def execute(args, requests, block_tokens: int, label: str):

@@ -122,23 +122,30 @@ def window(requests: list[PlannedRequest], start: float = 0.0, duration: float |
 
 
 def fit_to_model(requests: list[PlannedRequest], max_model_len: int, max_input: int | None = None,
-                 max_output: int | None = None) -> tuple[list[PlannedRequest], FitReport]:
+                 max_output: int | None = None, scale: float | None = None) -> tuple[list[PlannedRequest], FitReport]:
     """Scale lengths so every request fits the model's context (and optional caps).
 
     One factor for all input lengths keeps the trace's shape and prefix structure: Mooncake's
-    512-token blocks become `block_tokens`-token blocks, so shared prefixes stay shared. Output
-    lengths are capped (not scaled) at `max_output`, and so that input + output fits the context.
+    512-token blocks become `block_tokens`-token blocks, so shared prefixes stay shared. By
+    default the factor makes the longest prompt fit; a fixed `scale` instead keeps blocks at a
+    chosen size (say 32 tokens, two KV blocks) and truncates the few prompts still too long,
+    from the end, so their shared prefixes survive. Output lengths are capped (not scaled) at
+    `max_output`, and so that input + output fits the context.
     """
     max_output = max_output or max_model_len // 4
     cap_in = min(max_input or max_model_len, max_model_len - 1)
-    biggest = max(r.input_tokens for r in requests)
-    scale = min(1.0, (cap_in - 1) / biggest) if biggest > cap_in - 1 else 1.0
+    if scale is None:
+        biggest = max(r.input_tokens for r in requests)
+        scale = min(1.0, (cap_in - 1) / biggest) if biggest > cap_in - 1 else 1.0
+    elif not 0 < scale <= 1:
+        raise ValueError(f"length scale must be in (0, 1], got {scale}")
     block = max(1, int(MOONCAKE_BLOCK_TOKENS * scale))
     out, changed = [], 0
     for r in requests:
         n_in = r.input_tokens if scale == 1.0 else max(1, int(r.input_tokens * scale))
         if r.hash_ids and scale != 1.0:
             n_in = min(n_in, len(r.hash_ids) * block)
+        n_in = min(n_in, cap_in - 1)
         n_out = max(1, min(r.output_tokens, max_output, max_model_len - n_in))
         if (n_in, n_out) != (r.input_tokens, r.output_tokens):
             changed += 1

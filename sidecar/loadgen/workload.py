@@ -47,12 +47,19 @@ def gamma_arrivals(rate: float, cv: float, count: int, seed: int = 0) -> np.ndar
 
 
 def synthetic_workload(times: np.ndarray, input_tokens: int, output_tokens: int,
-                       spread: float = 0.0, seed: int = 0) -> list[PlannedRequest]:
-    """Fixed (or uniformly spread by ±`spread` fraction) lengths at the given arrival times."""
+                       spread: float = 0.0, seed: int = 0, long_fraction: float = 0.0,
+                       long_input_tokens: int = 1024) -> list[PlannedRequest]:
+    """Fixed (or uniformly spread by ±`spread` fraction) lengths at the given arrival times.
+
+    With `long_fraction` > 0, that fraction of requests (chosen at random) carry a long prompt
+    instead: the mix under which a whole-prompt prefill stalls everyone else's decode.
+    """
     rng = np.random.default_rng(seed + 1)
     out = []
     for t in times:
         n_in, n_out = input_tokens, output_tokens
+        if long_fraction > 0 and rng.random() < long_fraction:
+            n_in = long_input_tokens
         if spread > 0:
             n_in = max(1, int(round(input_tokens * rng.uniform(1 - spread, 1 + spread))))
             n_out = max(1, int(round(output_tokens * rng.uniform(1 - spread, 1 + spread))))

@@ -68,3 +68,27 @@ def test_window_speedup_and_fit():
     assert report.requests_scaled == 10
     # 512-token blocks scale with the prompts, so prefix structure survives.
     assert report.block_tokens == int(512 * report.scale)
+
+
+def test_fixed_scale_keeps_block_size_and_truncates_only_the_longest():
+    from sidecar.loadgen.workload import PlannedRequest
+
+    reqs = [PlannedRequest(0.0, 1024, 10, (1, 2)), PlannedRequest(1.0, 20480, 10, tuple(range(40)))]
+    fitted, report = fit_to_model(reqs, max_model_len=2048, max_input=512, scale=1 / 16)
+    # 512-token blocks become 32-token blocks; 1024 → 64 tokens; 20,480 → 1,280 truncated to 511.
+    assert report.block_tokens == 32
+    assert [r.input_tokens for r in fitted] == [64, 511]
+    with pytest.raises(ValueError, match="scale"):
+        fit_to_model(reqs, 2048, scale=2.0)
+
+
+def test_long_prompt_mix():
+    import numpy as np
+
+    from sidecar.loadgen.workload import synthetic_workload
+
+    reqs = synthetic_workload(np.arange(2000.0), 64, 32, long_fraction=0.1, long_input_tokens=1024, seed=3)
+    longs = sum(r.input_tokens == 1024 for r in reqs)
+    # Binomial(2000, 0.1): mean 200, sd 13.4; four sd either side.
+    assert 146 < longs < 254
+    assert all(r.input_tokens in (64, 1024) and r.output_tokens == 32 for r in reqs)
