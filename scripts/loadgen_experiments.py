@@ -1,0 +1,118 @@
+"""The load-generator measurements in the README, reproducible: `python scripts/loadgen_experiments.py`.
+
+1. Chunked prefill on vs off under a mix of long and short prompts: p99 TPOT and goodput.
+2. Prefix caching on vs off replaying the Mooncake trace: TTFT and goodput.
+3. The goodput curve with its knee beside the throughput curve (`goodput sweep`).
+
+Each engine configuration runs alone (one after the other) on the same machine, with the same
+workload and seed, so the comparisons are side by side. Results go to docs/loadgen/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from goodput_cli.procs import ServerProcess, goodput_command
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "docs" / "loadgen"
+MOONCAKE = ROOT.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
+
+
+def engine(model: str, port: int, *flags: str) -> ServerProcess:
+    return ServerProcess(goodput_command("engine", "serve", "--model", model, "--port", str(port), *flags),
+                         f"http://127.0.0.1:{port}/health", timeout=600, name="engine")
+
+
+def load(port: int, out: Path, *args: str) -> dict:
+    cmd = goodput_command("load", "--url", f"http://127.0.0.1:{port}", "--json", str(out), "--quiet", *args)
+    print("$", " ".join(["goodput", *cmd[3:]]), flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    print(proc.stdout, proc.stderr, flush=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"load failed: {proc.stderr}")
+    return json.loads(out.read_text())
+
+
+def tokenizer(model: str) -> list[str]:
+    from goodput_cli.demo import tokenizer_file
+
+    path = tokenizer_file(model)
+    return ["--tokenizer", str(path)] if path else []
+
+
+def chunked(model: str, port: int, rate: float, n: int) -> dict:
+    args = ["--rate", str(rate), "--num-requests", str(n), "--input-tokens", "64", "--output-tokens", "32",
+            "--long-fraction", "0.15", "--long-input-tokens", "1024", "--slo-ttft", "5", "--slo-tpot", "0.4",
+            "--seed", "7", *tokenizer(model)]
+    results = {}
+    for name, flags in (("chunked prefill on", ["--max-num-batched-tokens", "256"]),
+                        ("chunked prefill off", ["--no-chunked-prefill"])):
+        with engine(model, port, *flags):
+            results[name] = load(port, OUT / f"chunked-{name.split()[-1]}.json", *args)
+    return results
+
+
+def prefix(model: str, port: int, count: int, speedup: float) -> dict:
+    args = ["--trace", str(MOONCAKE), "--limit", str(count), "--speedup", str(speedup), "--length-scale", "0.0625",
+            "--max-input", "1024", "--max-output", "16", "--slo-ttft", "5", "--slo-tpot", "0.4", *tokenizer(model)]
+    results = {}
+    for name, flags in (("prefix caching on", []), ("prefix caching off", ["--no-prefix-caching"])):
+        with engine(model, port, *flags):
+            results[name] = load(port, OUT / f"prefix-{name.split()[-1]}.json", *args)
+    return results
+
+
+def sweep(model: str, port: int, rates: str, duration: float) -> None:
+    with engine(model, port):
+        cmd = goodput_command("sweep", "--url", f"http://127.0.0.1:{port}", "--rates", rates, "--duration", str(duration),
+                              "--input-tokens", "128", "--output-tokens", "32", "--slo-ttft", "3", "--slo-tpot", "0.3",
+                              "--out", str(OUT / "sweep"), "--quiet", *tokenizer(model))
+        print("$", " ".join(["goodput", *cmd[3:]]), flush=True)
+        subprocess.run(cmd, check=True)
+
+
+def table(results: dict) -> str:
+    def ms(d, k):
+        return "-" if d.get(k) is None else f"{d[k] * 1000:.0f}"
+
+    rows = ["| configuration | goodput req/s | attainment | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | output tok/s |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, s in results.items():
+        rows.append(f"| {name} | {s['goodput']:.3f} | {s['attainment'] * 100:.1f} % | {ms(s['ttft'], 'p50')} | "
+                    f"{ms(s['ttft'], 'p99')} | {ms(s['tpot'], 'p50')} | {ms(s['tpot'], 'p99')} | {s['output_tokens_per_s']:.1f} |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--port", type=int, default=18100)
+    p.add_argument("--only", choices=("chunked", "prefix", "sweep"), action="append")
+    p.add_argument("--chunked-rate", type=float, default=0.5)
+    p.add_argument("--chunked-requests", type=int, default=40)
+    p.add_argument("--prefix-requests", type=int, default=60)
+    p.add_argument("--prefix-speedup", type=float, default=0.4)
+    p.add_argument("--sweep-rates", default="0.25,0.5,1,1.5,2,3")
+    p.add_argument("--sweep-duration", type=float, default=40)
+    a = p.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    only = set(a.only or ("chunked", "prefix", "sweep"))
+    md = []
+    if "chunked" in only:
+        md += ["### Chunked prefill on vs off", "", table(chunked(a.model, a.port, a.chunked_rate, a.chunked_requests)), ""]
+    if "prefix" in only:
+        md += ["### Prefix caching on vs off (Mooncake replay)", "", table(prefix(a.model, a.port, a.prefix_requests, a.prefix_speedup)), ""]
+    if "sweep" in only:
+        sweep(a.model, a.port, a.sweep_rates, a.sweep_duration)
+        md += ["### Goodput sweep", "", (OUT / "sweep" / "summary.md").read_text()]
+    (OUT / f"results-{'-'.join(sorted(only))}.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
