@@ -110,3 +110,6 @@ def register(registry) -> None:
     p.add_argument("--timing-horizon", type=float, default=180.0, help="horizon (s) for the timing run (default 180)")
     p.add_argument("--timing-repeats", type=int, default=30, help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help="folder for backtest.json, backtest.md and the PNG")
+
+    from forecaster.run_cli import add_run_command
+    add_run_command(registry)

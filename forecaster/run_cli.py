@@ -1,0 +1,153 @@
+"""`goodput forecaster run`: sources → policy → /metrics and the External Metrics API."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+
+from goodput_cli.errors import UsageError
+
+
+def _capacity(args) -> float | None:
+    from forecaster.capacity import load_sweep_capacity
+
+    if args.capacity is not None and args.capacity_from:
+        raise UsageError("give --capacity or --capacity-from, not both")
+    if args.capacity_from:
+        try:
+            return load_sweep_capacity(args.capacity_from)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    return args.capacity
+
+
+def _source(args):
+    chosen = [bool(args.prometheus), bool(args.targets), bool(args.kube_service)]
+    if sum(chosen) != 1:
+        raise UsageError("choose one source: --prometheus URL, --targets HOST:PORT,... or --kube-service NAME")
+    if args.prometheus:
+        from forecaster.sources.prometheus import PrometheusSource
+        queries = {}
+        for item in args.query or []:
+            name, sep, promql = item.partition("=")
+            if not sep:
+                raise UsageError(f"--query takes NAME=PROMQL, got {item!r}")
+            queries[name.strip()] = promql
+        try:
+            return PrometheusSource(args.prometheus, queries, window=args.rate_window, step_seconds=args.step)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    from forecaster.sources.scrape import ScrapeSource, static_targets
+    if args.targets:
+        return ScrapeSource(static_targets([t.strip() for t in args.targets.split(",") if t.strip()]))
+    from forecaster.sources.kube import EndpointSliceDiscovery
+    from kubernetes import client as k8s
+
+    api_client = None
+    if args.kube_api:
+        # An explicit API URL (plain HTTP, e.g. `kubectl proxy`) instead of kubeconfig/in-cluster.
+        cfg = k8s.Configuration()
+        cfg.host = args.kube_api
+        api_client = k8s.ApiClient(cfg)
+    disc = EndpointSliceDiscovery(args.kube_namespace, args.kube_service, port_name=args.kube_port_name,
+                                  api_client=api_client, refresh_seconds=args.step)
+    return ScrapeSource(disc.targets, starting=disc.starting)
+
+
+def run(args: argparse.Namespace) -> int:
+    from prometheus_client import CollectorRegistry
+
+    from forecaster.policy import ForecastPolicy, PolicyConfig
+    from forecaster.runner import Runner
+    from forecaster.server import ExternalMetricsAPI, ForecastCollector, ForecastState, api_routes, metrics_routes, start_server
+    from forecaster.tls import self_signed, server_context
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = PolicyConfig(step_seconds=args.step, horizon_seconds=args.horizon,
+                              cold_start_seconds=args.cold_start if args.cold_start is not None else args.horizon,
+                              capacity_rps=_capacity(args), target_queue=args.target_queue,
+                              min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+                              scale_down_window_seconds=args.scale_down_window, fit_timeout_seconds=args.fit_timeout,
+                              models=tuple(m.strip() for m in args.models.split(",") if m.strip()))
+        policy = ForecastPolicy(config)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    ssl_ctx = None
+    if args.api_port:
+        if args.self_signed:
+            cert, key = self_signed(args.tls_dir, hosts=tuple(args.tls_host or ("localhost", "127.0.0.1")))
+            logging.info("self-signed certificate for development: %s (key %s)", cert, key)
+        elif args.tls_cert_file and args.tls_private_key_file:
+            cert, key = args.tls_cert_file, args.tls_private_key_file
+        else:
+            raise UsageError("the External Metrics API needs --tls-cert-file and --tls-private-key-file "
+                             "(or --self-signed for development, or --api-port 0 to turn it off)")
+        try:
+            ssl_ctx = server_context(cert, key)
+        except (ValueError, OSError) as exc:
+            raise UsageError(str(exc)) from None
+    source = _source(args)
+    state = ForecastState(config.horizon_seconds)
+    registry = CollectorRegistry()
+    registry.register(ForecastCollector(state))
+    servers = [start_server(metrics_routes(registry), args.host, args.metrics_port)]
+    logging.info("metrics on http://%s:%d/metrics", args.host, args.metrics_port)
+    if ssl_ctx is not None:
+        servers.append(start_server(api_routes(ExternalMetricsAPI(state)), args.host, args.api_port, ssl_ctx))
+        logging.info("External Metrics API on https://%s:%d/apis/external.metrics.k8s.io/v1beta1", args.host, args.api_port)
+    runner = Runner(source, policy, state, config.step_seconds)
+    runner.warm_up(args.warmup_seconds)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        runner.run(stop)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for s in servers:
+            s.shutdown()
+        source.close()
+        policy.close()
+    return 0
+
+
+def add_run_command(registry) -> None:
+    p = registry.command("forecaster run", "run the forecaster and External Metrics API", run)
+    src = p.add_argument_group("source (choose one)")
+    src.add_argument("--prometheus", metavar="URL", help="Prometheus server to query, e.g. http://prometheus:9090")
+    src.add_argument("--query", action="append", metavar="NAME=PROMQL",
+                     help="override one query (names: arrivals, good, input_tokens, output_tokens, preemptions, "
+                          "in_flight, queue_waiting, running, kv_cache_usage, ready_replicas, starting_replicas); "
+                          "{window} is the rate window")
+    src.add_argument("--rate-window", default="1m", help="rate() window in the default queries (default 1m)")
+    src.add_argument("--warmup-seconds", type=float, default=86400.0,
+                     help="history read from Prometheus at start (default 86400; 0 = start cold)")
+    src.add_argument("--targets", metavar="HOST:PORT,...", help="scrape these sidecars' /metrics directly")
+    src.add_argument("--kube-service", metavar="NAME", help="scrape the pods of this Service (EndpointSlices)")
+    src.add_argument("--kube-namespace", default="default", help="namespace of --kube-service (default default)")
+    src.add_argument("--kube-port-name", default=None, help="EndpointSlice port name of the sidecar metrics")
+    src.add_argument("--kube-api", default=None, help="Kubernetes API URL (default: in-cluster, then kubeconfig)")
+    pol = p.add_argument_group("policy")
+    pol.add_argument("--step", type=float, default=15.0, help="seconds between samples (default 15)")
+    pol.add_argument("--horizon", type=float, default=180.0, help="forecast horizon, s (default 180 = cold start)")
+    pol.add_argument("--cold-start", type=float, default=None, help="replica cold start, s (default = --horizon)")
+    pol.add_argument("--capacity", type=float, default=None, help="requests/s one replica serves within SLO")
+    pol.add_argument("--capacity-from", default=None, help="a `goodput sweep` sweep.json or its folder (knee rate)")
+    pol.add_argument("--target-queue", type=float, default=0.0, help="requests allowed waiting at the horizon, fleet-wide")
+    pol.add_argument("--min-replicas", type=int, default=1)
+    pol.add_argument("--max-replicas", type=int, default=100)
+    pol.add_argument("--scale-down-window", type=float, default=300.0, help="stabilisation window, s (default 300)")
+    pol.add_argument("--fit-timeout", type=float, default=2.0, help="longest a model fit may take, s (default 2)")
+    pol.add_argument("--models", default="level,naive,holt_winters", help="candidate models, first = default")
+    out = p.add_argument_group("serving")
+    out.add_argument("--host", default="0.0.0.0")
+    out.add_argument("--metrics-port", type=int, default=9090, help="plain HTTP /metrics (default 9090)")
+    out.add_argument("--api-port", type=int, default=8443, help="HTTPS External Metrics API (default 8443; 0 = off)")
+    out.add_argument("--tls-cert-file", default=None)
+    out.add_argument("--tls-private-key-file", default=None)
+    out.add_argument("--self-signed", action="store_true", help="generate a self-signed certificate (development)")
+    out.add_argument("--tls-dir", default=None, help="where --self-signed writes cert.pem/key.pem (default: a temp dir)")
+    out.add_argument("--tls-host", action="append", help="SAN for --self-signed (repeatable; default localhost, 127.0.0.1)")

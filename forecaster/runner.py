@@ -1,0 +1,73 @@
+"""The forecaster's loop: every step, read the fleet, decide, publish.
+
+One owner each: the source reads, the policy decides, ForecastState holds what the servers show.
+A step whose source fails keeps the last published decision (and logs why); the next good
+sample continues the history, whose gap the series code bridges.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from forecaster.policy import Decision, ForecastPolicy
+from forecaster.server import ForecastState
+
+log = logging.getLogger("goodput.forecaster")
+
+
+class Runner:
+    def __init__(self, source, policy: ForecastPolicy, state: ForecastState, step_seconds: float,
+                 clock=time.time):
+        self.source, self.policy, self.state = source, policy, state
+        self.step_seconds = step_seconds
+        self.clock = clock
+        self.num_steps = 0
+        self.num_source_errors = 0
+
+    def warm_up(self, seconds: float) -> int:
+        """Feeds the policy the source's recent history, if it has one; returns samples read."""
+        history = getattr(self.source, "history", None)
+        if history is None or seconds <= 0:
+            return 0
+        try:
+            samples = history(seconds, now=self.clock())
+        except Exception as exc:  # noqa: BLE001 - a cold start is still a start
+            log.warning("warm-up from history failed, starting cold: %s", exc)
+            return 0
+        for s in samples:
+            self.policy.observe(s)
+        log.info("warmed up from %d samples of history", len(samples))
+        return len(samples)
+
+    def step(self) -> Decision | None:
+        now = self.clock()
+        try:
+            sample = self.source.poll(now)
+        except Exception as exc:  # noqa: BLE001 - the loop must outlive a bad scrape
+            self.num_source_errors += 1
+            log.warning("reading the fleet failed: %s", exc)
+            return None
+        if sample is None:
+            return None
+        self.policy.observe(sample)
+        decision = self.policy.decide(now, self.source.starting_replicas())
+        self.state.publish(decision, sample.ready_replicas)
+        self.num_steps += 1
+        status = self.policy.selector.status
+        log.info("desired=%d ready=%d rate=%.2f/%.2f queue@h=%.1f/%.1f model=%s%s", decision.desired_replicas,
+                 sample.ready_replicas, decision.arrival_rate_mean, decision.arrival_rate_upper,
+                 decision.queue_depth_mean, decision.queue_depth_upper, decision.model_name,
+                 f" ({status.last_error})" if status.source != "fit" and status.last_error else "")
+        return decision
+
+    def run(self, stop: threading.Event) -> None:
+        next_at = self.clock()
+        while not stop.is_set():
+            self.step()
+            next_at += self.step_seconds
+            # Keep to the step grid; after a slow step, start the next one at once rather than drift.
+            stop.wait(max(0.0, next_at - self.clock()))
+            if self.clock() - next_at > self.step_seconds:
+                next_at = self.clock()

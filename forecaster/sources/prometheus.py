@@ -1,0 +1,129 @@
+"""Fleet samples from a Prometheus server (PromQL over its HTTP API).
+
+Counters are read as fleet-wide rates (`sum(rate(...))`, which handles each series' resets
+inside Prometheus) and integrated here into running totals, so the policy gets the cumulative
+counters of FleetSample whatever the number of pods. After a restart, `history()` reads the
+recent past with range queries at the forecast step, so forecasts start warm.
+
+Every query is configurable; `{window}` in a query is replaced by the rate window.
+NOTE: `goodput_requests_total` counts requests when they end, so the "arrival" rate lags true
+arrivals by a request's duration (seconds) — small against a minutes-long horizon.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import httpx
+
+from forecaster.policy import FleetSample
+
+DEFAULT_QUERIES = {
+    "arrivals": "sum(rate(goodput_requests_total[{window}]))",
+    "good": 'sum(rate(goodput_requests_total{outcome="good"}[{window}]))',
+    "input_tokens": "sum(rate(goodput_input_tokens_total[{window}]))",
+    "output_tokens": "sum(rate(goodput_output_tokens_total[{window}]))",
+    "preemptions": "sum(rate(goodput_engine_preemptions_total[{window}]))",
+    "in_flight": "sum(goodput_requests_in_flight)",
+    "queue_waiting": "sum(goodput_engine_requests_waiting)",
+    "running": "sum(goodput_engine_requests_running)",
+    "kv_cache_usage": "avg(goodput_engine_kv_cache_usage_ratio)",
+    "ready_replicas": "sum(goodput_engine_up)",
+    "starting_replicas": "",  # e.g. kube-state-metrics: sum(kube_deployment_status_replicas_unavailable{...})
+}
+RATES = ("arrivals", "good", "input_tokens", "output_tokens", "preemptions")
+
+
+class PrometheusError(RuntimeError):
+    pass
+
+
+class PrometheusSource:
+    def __init__(self, url: str, queries: dict[str, str] | None = None, window: str = "1m",
+                 step_seconds: float = 15.0, timeout: float = 10.0):
+        unknown = set(queries or {}) - set(DEFAULT_QUERIES)
+        if unknown:
+            raise ValueError(f"unknown query names {sorted(unknown)}; known: {sorted(DEFAULT_QUERIES)}")
+        merged = {**DEFAULT_QUERIES, **(queries or {})}
+        self.queries = {k: v.replace("{window}", window) for k, v in merged.items()}
+        self.step_seconds = step_seconds
+        self._client = httpx.Client(base_url=url.rstrip("/"), timeout=timeout)
+        self._totals = {k: 0.0 for k in RATES}
+        self._last_t: float | None = None
+        self._starting = 0
+
+    def _get(self, path: str, params: dict) -> list:
+        try:
+            resp = self._client.get(path, params=params)
+            body = resp.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise PrometheusError(f"{path}: {type(exc).__name__}: {exc}") from exc
+        if body.get("status") != "success":
+            raise PrometheusError(f"{path} {params.get('query')!r}: {body.get('errorType')}: {body.get('error')}")
+        return body["data"]["result"]
+
+    def instant(self, query: str, t: float) -> float:
+        """The single value of `query` at t; NaN when it returns nothing (no series yet)."""
+        result = self._get("/api/v1/query", {"query": query, "time": f"{t:.3f}"})
+        if not result:
+            return float("nan")
+        return sum(float(r["value"][1]) for r in result)
+
+    def _integrate(self, t: float, values: dict[str, float]) -> FleetSample | None:
+        if self._last_t is not None and t <= self._last_t:
+            return None  # late: Prometheus answered for a time we already have
+        dt = self.step_seconds if self._last_t is None else t - self._last_t
+        for k in RATES:
+            v = values.get(k, float("nan"))
+            if math.isfinite(v):
+                # Rate × elapsed time; a gap longer than the rate window is bridged at the newest rate.
+                self._totals[k] += v * dt
+        self._last_t = t
+        ready = values.get("ready_replicas", float("nan"))
+        starting = values.get("starting_replicas", float("nan"))
+        self._starting = int(starting) if math.isfinite(starting) else 0
+        return FleetSample(t=t, arrivals_total=self._totals["arrivals"],
+                           input_tokens_total=self._totals["input_tokens"],
+                           output_tokens_total=self._totals["output_tokens"],
+                           in_flight=values.get("in_flight", float("nan")),
+                           queue_waiting=values.get("queue_waiting", float("nan")),
+                           running=values.get("running", float("nan")),
+                           kv_cache_usage=values.get("kv_cache_usage", float("nan")),
+                           preemptions_total=self._totals["preemptions"],
+                           ready_replicas=int(ready) if math.isfinite(ready) else 0,
+                           good_total=self._totals["good"])
+
+    def poll(self, now: float | None = None) -> FleetSample | None:
+        now = time.time() if now is None else now
+        values = {k: self.instant(q, now) for k, q in self.queries.items() if q}
+        if not math.isfinite(values.get("arrivals", float("nan"))):
+            return None  # no request counter at all yet: nothing to forecast from
+        return self._integrate(now, values)
+
+    def history(self, seconds: float, now: float | None = None) -> list[FleetSample]:
+        """Samples at the forecast step over the last `seconds`, from range queries."""
+        now = time.time() if now is None else now
+        start = now - seconds
+        by_time: dict[float, dict[str, float]] = {}
+        for key, q in self.queries.items():
+            if not q:
+                continue
+            params = {"query": q, "start": f"{start:.3f}", "end": f"{now:.3f}", "step": f"{self.step_seconds:g}"}
+            for series in self._get("/api/v1/query_range", params):
+                for ts, val in series["values"]:
+                    slot = by_time.setdefault(float(ts), {})
+                    slot[key] = slot.get(key, 0.0) + float(val)
+        samples = []
+        for t in sorted(by_time):
+            if math.isfinite(by_time[t].get("arrivals", float("nan"))):
+                s = self._integrate(t, by_time[t])
+                if s is not None:
+                    samples.append(s)
+        return samples
+
+    def starting_replicas(self) -> int:
+        return self._starting
+
+    def close(self) -> None:
+        self._client.close()

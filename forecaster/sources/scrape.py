@@ -1,0 +1,134 @@
+"""Direct scraping of sidecar /metrics, summed into one fleet sample.
+
+Counters are differenced per target (forecaster/series.CounterRate), so one sidecar restarting
+(its counters back to zero) adds only what it counted since, not a negative jump of the fleet
+sum; the fleet totals are sums of those per-target increases. A target that fails a scrape is
+left out of that step: its counters carry the missed increase into its next good scrape.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from forecaster.policy import FleetSample
+from forecaster.series import CounterRate
+
+COUNTERS = {
+    "arrivals": ("goodput_requests_total", None),
+    "good": ("goodput_requests_total", ("outcome", "good")),
+    "input_tokens": ("goodput_input_tokens_total", None),
+    "output_tokens": ("goodput_output_tokens_total", None),
+    "preemptions": ("goodput_engine_preemptions_total", None),
+}
+GAUGES = {
+    "in_flight": "goodput_requests_in_flight",
+    "queue_waiting": "goodput_engine_requests_waiting",
+    "running": "goodput_engine_requests_running",
+    "kv_cache_usage": "goodput_engine_kv_cache_usage_ratio",
+    "engine_up": "goodput_engine_up",
+}
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Sums of the samples the forecaster reads, from one Prometheus text exposition."""
+    out: dict[str, float] = {}
+    wanted = {name for name, _ in COUNTERS.values()} | set(GAUGES.values())
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name not in wanted or not math.isfinite(s.value):
+                continue
+            for key, (name, label) in COUNTERS.items():
+                if s.name == name and (label is None or s.labels.get(label[0]) == label[1]):
+                    out[key] = out.get(key, 0.0) + s.value
+            for key, name in GAUGES.items():
+                if s.name == name:
+                    out[key] = out.get(key, 0.0) + s.value
+                    out[key + "_n"] = out.get(key + "_n", 0.0) + 1
+    return out
+
+
+@dataclass
+class _Target:
+    counters: dict[str, CounterRate] = field(default_factory=lambda: {k: CounterRate() for k in COUNTERS})
+
+
+class ScrapeSource:
+    """Scrapes `targets()` (URLs of /metrics) every poll; `targets` may change between polls."""
+
+    def __init__(self, targets: Callable[[], list[str]], timeout: float = 5.0,
+                 starting: Callable[[], int] | None = None):
+        self._targets = targets
+        self._starting = starting
+        self._client = httpx.Client(timeout=timeout)
+        self._state: dict[str, _Target] = {}
+        self._totals = {k: 0.0 for k in COUNTERS}
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="scrape")
+        self.last_errors: dict[str, str] = {}
+
+    def _scrape(self, url: str) -> dict[str, float] | None:
+        try:
+            resp = self._client.get(url)
+            resp.raise_for_status()
+            return parse_metrics(resp.text)
+        except (httpx.HTTPError, ValueError) as exc:
+            self.last_errors[url] = f"{type(exc).__name__}: {exc}"
+            return None
+
+    def poll(self, now: float | None = None) -> FleetSample | None:
+        now = time.time() if now is None else now
+        urls = list(dict.fromkeys(self._targets()))
+        results = dict(zip(urls, self._pool.map(self._scrape, urls)))
+        ok = {u: r for u, r in results.items() if r is not None}
+        for url in list(self._state):
+            if url not in urls:
+                del self._state[url]  # gone from discovery: forget its counters
+        if not ok:
+            return None
+        gauges = {k: 0.0 for k in GAUGES}
+        kv_sum, kv_n, ready = 0.0, 0, 0
+        for url, metrics in ok.items():
+            state = self._state.setdefault(url, _Target())
+            for key in COUNTERS:
+                if key in metrics:
+                    got = state.counters[key].update(now, metrics[key])
+                    if got is not None:
+                        self._totals[key] += got[0]
+            for key in ("in_flight", "queue_waiting", "running"):
+                gauges[key] += metrics.get(key, 0.0)
+            if "kv_cache_usage" in metrics:
+                kv_sum += metrics["kv_cache_usage"] / metrics["kv_cache_usage_n"]
+                kv_n += 1
+            # A sidecar without the engine_up gauge counts as ready when it answers.
+            ready += 1 if metrics.get("engine_up", 1.0) >= 1.0 else 0
+        return FleetSample(t=now, arrivals_total=self._totals["arrivals"],
+                           input_tokens_total=self._totals["input_tokens"],
+                           output_tokens_total=self._totals["output_tokens"], in_flight=gauges["in_flight"],
+                           queue_waiting=gauges["queue_waiting"], running=gauges["running"],
+                           kv_cache_usage=kv_sum / kv_n if kv_n else float("nan"),
+                           preemptions_total=self._totals["preemptions"], ready_replicas=ready,
+                           good_total=self._totals["good"])
+
+    def starting_replicas(self) -> int:
+        return self._starting() if self._starting else 0
+
+    def close(self) -> None:
+        self._client.close()
+        self._pool.shutdown(wait=False)
+
+
+def static_targets(targets: list[str]) -> Callable[[], list[str]]:
+    """host:port or URLs → /metrics URLs."""
+    urls = []
+    for t in targets:
+        url = t if "://" in t else f"http://{t}"
+        if not url.rstrip("/").endswith("/metrics"):
+            url = url.rstrip("/") + "/metrics"
+        urls.append(url)
+    return lambda: urls

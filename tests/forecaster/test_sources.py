@@ -1,0 +1,169 @@
+"""Sources: direct scraping (resets, failures), EndpointSlice discovery, a real Prometheus."""
+
+import json
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from kubernetes import client as k8s
+
+from forecaster.sources.kube import EndpointSliceDiscovery
+from forecaster.sources.prometheus import PrometheusSource
+from forecaster.sources.scrape import ScrapeSource, static_targets
+from tests.forecaster.sidecar_metrics import FakeSidecarMetrics
+from tests.support import free_port
+
+
+@pytest.fixture
+def sidecars():
+    made = []
+
+    def make():
+        s = FakeSidecarMetrics(free_port())
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.stop()
+
+
+def test_scrape_sums_sidecars_and_survives_a_counter_reset(sidecars):
+    a, b = sidecars(), sidecars()
+    src = ScrapeSource(static_targets([a.url, b.url]))
+    a.serve(good=10, waiting=2, kv=0.5)
+    b.serve(good=5, violated=1, waiting=3, kv=0.3)
+    first = src.poll(now=100.0)
+    assert first.arrivals_total == 0.0  # first scrape of each target: nothing to difference yet
+    assert (first.queue_waiting, first.ready_replicas) == (5.0, 2)
+    assert first.kv_cache_usage == pytest.approx(0.4)
+    a.serve(good=4)
+    b.serve(good=2, violated=2)
+    second = src.poll(now=115.0)
+    assert (second.arrivals_total, second.good_total) == (8.0, 6.0)
+    # Sidecar b restarts: a fresh registry counts from zero. Its 3 new requests are added,
+    # the drop from 10 to 3 is not subtracted.
+    b.stop()
+    b2 = FakeSidecarMetrics(b.port)
+    b2.serve(good=3)
+    a.serve(good=1)
+    third = src.poll(now=130.0)
+    assert third.arrivals_total == 8.0 + 1 + 3
+    b2.stop()
+    # b gone: a alone is read, the fleet counts one ready replica.
+    a.serve(good=2)
+    fourth = src.poll(now=145.0)
+    assert (fourth.arrivals_total, fourth.ready_replicas) == (14.0, 1)
+    assert any("ConnectError" in e for e in src.last_errors.values())
+    src.close()
+
+
+class EndpointSliceAPI(BaseHTTPRequestHandler):
+    """The only stand-in here: no Kubernetes API server runs on these machines, so this answers
+    GET /apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices with the list JSON the real API
+    server returns (fields as in discovery.k8s.io/v1 EndpointSliceList)."""
+
+    body: dict = {}
+    seen: list = []
+
+    def do_GET(self):  # noqa: N802
+        EndpointSliceAPI.seen.append(self.path)
+        data = json.dumps(EndpointSliceAPI.body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+def _endpoint(ip, ready, terminating=False):
+    return {"addresses": [ip], "conditions": {"ready": ready, "serving": ready, "terminating": terminating},
+            "targetRef": {"kind": "Pod", "namespace": "serving", "name": f"pod-{ip}"}}
+
+
+def test_endpointslice_discovery_finds_ready_pods_and_counts_starting_ones():
+    EndpointSliceAPI.body = {
+        "kind": "EndpointSliceList", "apiVersion": "discovery.k8s.io/v1", "metadata": {"resourceVersion": "42"},
+        "items": [{
+            "kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1",
+            "metadata": {"name": "llm-abc12", "namespace": "serving",
+                         "labels": {"kubernetes.io/service-name": "llm"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}, {"name": "metrics", "port": 9100, "protocol": "TCP"}],
+            "endpoints": [_endpoint("10.0.0.5", True), _endpoint("10.0.0.6", True), _endpoint("10.0.0.7", False),
+                          _endpoint("10.0.0.8", False, terminating=True)],
+        }],
+    }
+    port = free_port()
+    server = ThreadingHTTPServer(("127.0.0.1", port), EndpointSliceAPI)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        cfg = k8s.Configuration()
+        cfg.host = f"http://127.0.0.1:{port}"
+        disc = EndpointSliceDiscovery("serving", "llm", port_name="http", api_client=k8s.ApiClient(cfg))
+        assert disc.targets() == ["http://10.0.0.5:8080/metrics", "http://10.0.0.6:8080/metrics"]
+        # 10.0.0.7 is not ready yet (cold start); 10.0.0.8 is terminating and counts for nothing.
+        assert disc.starting() == 1
+        assert EndpointSliceAPI.seen[-1] == ("/apis/discovery.k8s.io/v1/namespaces/serving/endpointslices"
+                                             "?labelSelector=kubernetes.io/service-name%3Dllm")
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.prometheus
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs Debian's prometheus binary")
+def test_prometheus_source_reads_rates_and_warms_up_from_history(sidecars):
+    side = sidecars()
+    stop = threading.Event()
+
+    def traffic():  # 20 requests/s, 3 waiting, until stopped
+        while not stop.is_set():
+            side.serve(good=2, waiting=3)
+            time.sleep(0.1)
+
+    threading.Thread(target=traffic, daemon=True).start()
+    prom_port = free_port()
+    workdir = tempfile.mkdtemp(prefix="goodput-prom-")
+    with open(f"{workdir}/prometheus.yml", "w") as f:
+        f.write(f"global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: sidecar\n"
+                f"    static_configs:\n      - targets: ['{side.url}']\n")
+    proc = subprocess.Popen(["prometheus", f"--config.file={workdir}/prometheus.yml",
+                             f"--storage.tsdb.path={workdir}/data", f"--web.listen-address=127.0.0.1:{prom_port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        src = PrometheusSource(f"http://127.0.0.1:{prom_port}", window="5s", step_seconds=1.0)
+        deadline = time.time() + 30
+        sample = None
+        while time.time() < deadline:
+            try:
+                sample = src.poll()
+            except Exception:  # still starting
+                sample = None
+            if sample is not None and src.instant("sum(rate(goodput_requests_total[5s]))", time.time()) > 0:
+                break
+            time.sleep(0.5)
+        time.sleep(3)  # a few more scrapes, so rate() covers a full window of traffic
+        rate = src.instant(src.queries["arrivals"], time.time())
+        assert 14 < rate < 26, rate  # 20/s written; rate() over 1-s scrapes of a 5-s window
+        s = src.poll()
+        assert s.queue_waiting == 3.0 and s.ready_replicas == 1
+        fresh = PrometheusSource(f"http://127.0.0.1:{prom_port}", window="5s", step_seconds=1.0)
+        history = fresh.history(5.0)
+        # A 5-s range at 1-s steps holds 5 or 6 points; totals grow by ~20 per step.
+        assert len(history) >= 4
+        growth = (history[-1].arrivals_total - history[0].arrivals_total) / (history[-1].t - history[0].t)
+        assert 14 < growth < 26, growth
+        with pytest.raises(Exception, match="bad_data"):
+            src.instant("sum(rate(", time.time())
+    finally:
+        stop.set()
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(workdir, ignore_errors=True)
