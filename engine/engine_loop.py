@@ -63,13 +63,15 @@ class EngineLoop:
     def abort(self, request_id: str) -> None:
         self._cmds.put(("abort", request_id))
 
-    def _drain(self, block: bool) -> None:
+    def _drain(self, block: bool) -> bool:
+        """Apply pending commands; True if there were any."""
+        got = False
         while True:
             try:
                 cmd = self._cmds.get(block=block, timeout=0.5 if block else None)
             except queue.Empty:
-                return
-            block = False
+                return got
+            block, got = False, True
             if cmd[0] == "add":
                 _, rid, prompt_ids, params, salt, stream = cmd
                 try:
@@ -86,8 +88,10 @@ class EngineLoop:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._drain(block=not self.engine.has_work())
+            changed = self._drain(block=not self.engine.has_work())
             if not self.engine.has_work():
+                if changed and self.metrics:  # e.g. the last request was aborted: gauges to zero
+                    self.metrics.update_engine(self.engine)
                 continue
             try:
                 outputs = self.engine.step()

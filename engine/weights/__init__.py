@@ -31,8 +31,9 @@ def _converted_gguf(path: Path, progress) -> Path:
     import hashlib
 
     from engine.weights.fetch import cache_dir
-    from engine.weights.gguf import convert_gguf_to_folder
+    from engine.weights.gguf import GGUFFile, convert_gguf_to_folder
 
+    GGUFFile(path)  # fail on a bad file before announcing a conversion
     stat = path.stat()
     key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
     folder = cache_dir() / "models" / f"{path.stem}-{key}"
