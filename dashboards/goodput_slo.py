@@ -19,6 +19,14 @@ def _requests(outcome_matcher: str = "", by: str = "", window: str = RATE, fn: s
 GOOD = 'outcome="good"'
 JUDGED = 'outcome!="cancelled"'  # the rules' definition: cancelled requests are not judged
 BAD = 'outcome=~"slo_violated|error"'
+FAILED = 'outcome=~"error|cancelled"'
+
+
+def _share(part: str, whole: str, by: str = "", window: str = RATE, fn: str = "rate") -> str:
+    """part / whole, reading 0 (not "no data") where `part` has no series yet: a class whose
+    requests all failed has no outcome="good" counter at all."""
+    total = _requests(whole, by, window, fn)
+    return f"({_requests(part, by, window, fn)} or 0 * {total}) / {total}"
 
 
 def _latency(objective: str, title: str) -> object:
@@ -42,8 +50,7 @@ def build():
                description="Requests per second that met every objective of their SLO class."),
         single("Throughput", [Query(_requests('outcome=~"good|slo_violated"'), "throughput")], "reqps", decimals=2,
                description="Requests per second that completed, in time or not."),
-        single("Attainment (range)", [Query(f"{_requests(GOOD, window='$__range', fn='increase')} / "
-                                            f"{_requests(JUDGED, window='$__range', fn='increase')}", "attainment")],
+        single("Attainment (range)", [Query(_share(GOOD, JUDGED, window="$__range", fn="increase"), "attainment")],
                "percentunit", decimals=2,
                description="Share of judged requests over the dashboard's time range that met their SLO."),
         single("In flight", [Query(f"sum({m('goodput_requests_in_flight')}{{{MODEL}}})", "in flight")], "short",
@@ -51,10 +58,11 @@ def build():
         series("Goodput beside throughput", [
             Query(_requests(GOOD), "goodput"),
             Query(_requests('outcome=~"good|slo_violated"'), "throughput"),
-            Query(_requests('outcome=~"error|cancelled"'), "errors + cancelled"),
+            # vector(0): "no failures" should read 0, not "no data" (the series appear on the first one).
+            Query(_requests(FAILED) + " or vector(0)", "errors + cancelled"),
         ], "reqps", min=0, description="Throughput keeps rising past the knee; goodput does not."),
         series("Attainment per SLO class vs objective", [
-            Query(f"{_requests(GOOD, 'slo_class')} / {_requests(JUDGED, 'slo_class')}", "{{slo_class}} attainment"),
+            Query(_share(GOOD, JUDGED, "slo_class"), "{{slo_class}} attainment"),
             Query(f"max by (slo_class) ({m('goodput_slo_objective_ratio')}{{{CLASS}}})", "{{slo_class}} objective"),
         ], "percentunit", max=1, description="Share of judged requests that met their SLO, against the objective."),
     ]

@@ -1,0 +1,46 @@
+"""dashboards/contract.py agrees with what the real sidecar exposes on /metrics.
+
+Labelled metrics appear in the exposition's `# TYPE` lines before their first sample, so no
+request is needed; the goodput_engine_* gauges appear once the sidecar has scraped its engine, so
+the real bundled engine (tiny model) runs behind it.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+
+from dashboards import contract
+from tests.support import free_port, goodput_command
+
+
+def _types(text: str) -> dict[str, str]:
+    return dict(re.findall(r"^# TYPE (goodput_\w+) (\w+)$", text, flags=re.M))
+
+
+def test_sidecar_exposes_every_contract_metric_with_its_type(start_server, port):
+    engine_port = free_port()
+    start_server(goodput_command("engine", "serve", "--model", "tiny", "--port", str(engine_port)),
+                 f"http://127.0.0.1:{engine_port}/health", timeout=120, name="engine")
+    start_server(goodput_command("sidecar", "run", "--upstream", f"http://127.0.0.1:{engine_port}", "--port", str(port),
+                                 "--engine-metrics-interval", "0.5"),
+                 f"http://127.0.0.1:{port}/healthz", timeout=60, name="sidecar")
+    expected = {m.name: m.type for m in contract.by_source("sidecar")}
+    deadline = time.monotonic() + 20
+    while True:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            exposed = _types(resp.read().decode())
+        if set(expected) <= set(exposed) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert {name: exposed.get(name) for name in expected} == expected
+    # Nothing goodput_* beyond the contract either: a new metric must be added there first.
+    assert set(exposed) == set(expected)
+
+
+def test_contract_lists_every_design_metric_once():
+    # DESIGN.md's tables: 19 sidecar metrics and 6 forecaster metrics.
+    assert len(contract.by_source("sidecar")) == 19
+    assert len(contract.by_source("forecaster")) == 6
+    assert len(contract.METRICS) == 25

@@ -1,0 +1,124 @@
+"""Live: Debian's Prometheus scrapes a sidecar in front of the bundled engine under load and loads
+the generated rules; every dashboard query and every rule expression evaluates and returns data.
+
+How "returns data" is judged, and why:
+- Dashboard queries run as range queries over the load window, with Grafana's variables expanded
+  the way "All" does (dashboards/preview.py); each must return at least one series.
+- Recording rules: the recorded series must exist (Prometheus evaluated the rule every second).
+- Alerts: an alert that should stay silent returns nothing by design, so "returns data" is checked
+  on its data part (thresholds taken out, live_stack.data_part): that proves every metric, label
+  and recording rule it needs is there. The full alert expression must still evaluate without
+  error. One alert must really fire: the "strict" class (1 ms TTFT objective, never met) burns its
+  budget at 100x, so GoodputErrorBudgetBurnPage fires for it and not for "interactive".
+- kube-state-metrics cannot run without a Kubernetes API server; a static exposition of the two
+  HPA series stands in for it (live_stack.KSM_TEXT). Forecaster queries are required only when
+  `goodput forecaster run` is built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import time
+
+import pytest
+import yaml
+
+from dashboards import generate, rules
+from dashboards.preview import Prometheus, panel_queries
+from goodput_cli.main import build_parser
+from tests.dashboards import live_stack
+from tests.support import REPO_ROOT, free_port, goodput_command
+
+PROMETHEUS = shutil.which("prometheus")
+# Longer runs (for the README pictures) with GOODPUT_LIVE_LOAD_SECONDS=90.
+LOAD_SECONDS = float(os.environ.get("GOODPUT_LIVE_LOAD_SECONDS", "20"))
+RATE_INTERVAL = "10s"  # Grafana's $__rate_interval is ~4 scrape intervals; here the scrape is 1 s
+
+
+def _forecaster_built() -> bool:
+    sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
+    group = next(a for a in sub.choices["forecaster"]._actions if a.__class__.__name__ == "_SubParsersAction")
+    return "[not built yet]" not in (group.choices["run"].description or "")
+
+
+def _forecaster_command(sidecar: str, port: int) -> list[str]:
+    return goodput_command("forecaster", "run", "--sidecars", sidecar, "--metrics-port", str(port), "--host", "127.0.0.1")
+
+
+@pytest.mark.slow
+@pytest.mark.prometheus
+@pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not installed: apt-get install prometheus (Debian), as .ci/run does")
+def test_live_prometheus_evaluates_every_query_and_rule(start_server, tmp_path):
+    engine_port, sidecar_port, prom_port = free_port(), free_port(), free_port()
+    start_server(goodput_command("engine", "serve", "--model", "tiny", "--port", str(engine_port)),
+                 f"http://127.0.0.1:{engine_port}/health", timeout=120, name="engine")
+    slo_file = tmp_path / "slo.yaml"
+    slo_file.write_text(yaml.safe_dump(live_stack.SLO_CONFIG))
+    sidecar = f"127.0.0.1:{sidecar_port}"
+    start_server(goodput_command("sidecar", "run", "--upstream", f"http://127.0.0.1:{engine_port}", "--port", str(sidecar_port),
+                                 "--slo-config", str(slo_file), "--engine-metrics-interval", "1"),
+                 f"http://{sidecar}/healthz", timeout=60, name="sidecar")
+    targets = {"goodput": sidecar}
+    with_forecaster = _forecaster_built()
+    if with_forecaster:
+        forecaster_port = free_port()
+        start_server(_forecaster_command(f"http://{sidecar}", forecaster_port),
+                     f"http://127.0.0.1:{forecaster_port}/metrics", timeout=60, name="forecaster")
+        targets["forecaster"] = f"127.0.0.1:{forecaster_port}"
+    ksm = live_stack.StaticMetrics(live_stack.KSM_TEXT)
+    targets["kube-state-metrics"] = ksm.address
+    config = tmp_path / "prometheus.yml"
+    config.write_text(live_stack.prometheus_config(targets, str(generate.GENERATED / "rules" / generate.RULES_FILES["prometheus"])))
+    start_server([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                  f"--web.listen-address=127.0.0.1:{prom_port}"],
+                 f"http://127.0.0.1:{prom_port}/-/ready", timeout=60, name="prometheus")
+    prom = Prometheus(f"http://127.0.0.1:{prom_port}")
+    try:
+        start = time.time()
+        served = asyncio.run(live_stack.drive_load(f"http://{sidecar}", LOAD_SECONDS))
+        assert served["interactive"] > 0 and served["strict"] > 0, served
+        time.sleep(4)  # a few more scrapes and rule evaluations after the last request
+        end = time.time()
+        window = int(end - start) + 1
+
+        # Every dashboard panel query returns data over the load window.
+        missing = []
+        for uid in generate.DASHBOARDS:
+            board = json.loads((generate.GENERATED / f"{uid}.json").read_text())
+            for q in panel_queries(board, RATE_INTERVAL, window):
+                if live_stack.uses_forecaster(q.expr) and not with_forecaster:
+                    continue
+                if not prom.query_range(q.expr, start, end, 1):
+                    missing.append(f"{uid} / {q.panel}: {q.expr}")
+        assert not missing, "dashboard queries without data:\n" + "\n".join(missing)
+
+        # Every rule: recordings exist; alert expressions evaluate; their data parts return data.
+        for group in rules.build_groups():
+            for rule in group["rules"]:
+                if "record" in rule:
+                    assert prom.query(rule["record"]), f"recording rule {rule['record']} has no series"
+                    continue
+                prom.query(rule["expr"])  # raises on a PromQL error
+                if live_stack.uses_forecaster(rule["expr"]) and not with_forecaster:
+                    continue
+                assert prom.query(live_stack.data_part(rule["expr"])), f"{rule['alert']}: no data in {live_stack.data_part(rule['expr'])}"
+
+        # The strict class burns 100x its budget: Prometheus itself fires the page for it alone.
+        firing = prom.query('ALERTS{alertname="GoodputErrorBudgetBurnPage", alertstate="firing"}')
+        assert [s["metric"]["slo_class"] for s in firing] == ["strict"]
+        quiet = prom.query('ALERTS{alertname=~"GoodputEngineScrapeDown|GoodputDrainTooLong|GoodputNoTraffic"}')
+        assert quiet == []
+
+        # The preview renders from the same Prometheus; GOODPUT_PREVIEW_OUT=docs/dashboards refreshes
+        # the README's pictures.
+        out = REPO_ROOT / os.environ["GOODPUT_PREVIEW_OUT"] if os.environ.get("GOODPUT_PREVIEW_OUT") else tmp_path / "png"
+        from dashboards.preview import render_all
+        paths = render_all(prom.url, generate.GENERATED, out, range_seconds=window, rate_interval=RATE_INTERVAL)
+        assert sorted(p.name for p in paths) == sorted(f"{uid}.png" for uid in generate.DASHBOARDS)
+        assert all(p.stat().st_size > 20_000 for p in paths)
+    finally:
+        prom.close()
+        ksm.close()
