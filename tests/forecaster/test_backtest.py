@@ -1,0 +1,73 @@
+"""Trace readers and the backtest command on the real traces in ../shared/traces."""
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+from forecaster.backtest import backtest
+from forecaster.traces import azure_series, read_azure, servegen_series
+from tests.support import TRACES, goodput_command
+
+AZURE = TRACES / "azure2023_code.csv"
+SERVEGEN = TRACES / "servegen_language_m-large"
+needs_traces = pytest.mark.skipif(not AZURE.exists(), reason="needs ../shared/traces")
+
+
+@needs_traces
+def test_azure_reader_counts_every_request():
+    requests = read_azure(AZURE)
+    # traces/README.md: 8,819 requests over 57 min, mean 2,048 prompt tokens.
+    assert len(requests) == 8819
+    assert requests[0].t == 0.0 and 56 * 60 < requests[-1].t < 58 * 60
+    assert 2000 < np.mean([r.input_tokens for r in requests]) < 2100
+    series = azure_series(AZURE, 60.0)
+    # Every request before the cut-short last minute is in the per-minute series, once.
+    kept = sum(r.t < len(series.arrival_rate) * 60 for r in requests)
+    assert round(sum(series.arrival_rate) * 60) == kept and kept > 8500
+
+
+@needs_traces
+def test_servegen_sum_matches_the_readme():
+    series = servegen_series(SERVEGEN)
+    y = np.asarray(series.arrival_rate)
+    # traces/README.md: 14 days of 10-minute windows; summed min 48, mean 196, max 583 req/s.
+    assert len(y) == 2016
+    assert round(y.min()) == 48 and round(y.mean()) == 196 and round(y.max()) == 583
+    assert len(servegen_series(SERVEGEN, 3600.0).arrival_rate) == 336
+
+
+def test_mase_of_naive_on_an_alternating_series_is_exact():
+    y = np.tile([0.0, 1.0], 50)
+    result = backtest(y, 60.0, [1.0, 2.0], ["naive"], num_origins=30)
+    by_h = {s.horizon_minutes: s for s in result.scores}
+    # Naive is always off by 1 one step ahead and exactly right two steps ahead; the MASE scale
+    # (mean absolute one-step change) is 1.
+    assert by_h[1.0].mase == 1.0 and by_h[2.0].mase == 0.0
+    assert by_h[1.0].smape == 200.0  # |0-1| / ((0+1)/2) every time
+
+
+@needs_traces
+def test_backtest_command_writes_json_table_and_plot(tmp_path):
+    proc = subprocess.run(goodput_command("forecast", "backtest", "--trace", str(AZURE), "--models", "level,naive,linear",
+                                          "--origins", "15", "--horizons", "1,5", "--timing-points", "240",
+                                          "--timing-repeats", "3", "--out", str(tmp_path)),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads((tmp_path / "backtest.json").read_text())
+    assert {s["model"] for s in data["scores"]} == {"level", "naive", "linear"}
+    assert {s["horizon_minutes"] for s in data["scores"]} == {1.0, 5.0}
+    assert data["timing"]["points"] == 240
+    assert "| 5 min | 5 | " in (tmp_path / "backtest.md").read_text()
+    assert (tmp_path / "azure2023_code.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_backtest_bad_input_is_one_line_and_exit_2(tmp_path):
+    proc = subprocess.run(goodput_command("forecast", "backtest", "--trace", str(tmp_path / "nope.csv")),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("goodput: error: no trace at") and proc.stderr.count("\n") == 1
+    proc = subprocess.run(goodput_command("forecast", "backtest", "--trace", str(tmp_path), "--horizons", "x"),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--horizons" in proc.stderr
