@@ -107,6 +107,7 @@ class HpaController:
     recommendations: list[_Stamped] = field(default_factory=list)
     scale_up_events: list[_Stamped] = field(default_factory=list)
     scale_down_events: list[_Stamped] = field(default_factory=list)
+    _window_started: bool = False
 
     def metric_replicas(self, usage: float, spec_replicas: int, status_replicas: int, ready_pods: int) -> int:
         s = self.spec
@@ -131,6 +132,12 @@ class HpaController:
         return desired
 
     def _stabilize(self, now: float, current: int, desired: int) -> int:
+        # maybeInitScaleDownStabilizationWindow: a new HPA starts its window with the current
+        # count, so it does not scale down in its first window on a single low reading.
+        if not self._window_started:
+            self._window_started = True
+            if self.spec.scale_down.stabilization_window_seconds > 0:
+                self.recommendations.append(_Stamped(now, current))
         up_cutoff = now - self.spec.scale_up.stabilization_window_seconds
         down_cutoff = now - self.spec.scale_down.stabilization_window_seconds
         up_rec, down_rec = desired, desired

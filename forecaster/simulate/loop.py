@@ -81,16 +81,8 @@ def run(fleet, policy, config: LoopConfig, trace_end_s: float, progress=None) ->
     trace_ticks = math.ceil(trace_end_s / tick)
     k = 0
     while k <= end_ticks:
-        now = k * tick
-        if k % per_sample == 0:
-            view = fleet.view(now)
-            history.append(view)
-            policy.observe(view, history)
-            metric = policy.value_at(now) if hpa is not None else float(view.spec_replicas)
-            timeline.add(view, metric, last_arrivals)
-            last_arrivals = view.arrivals_total
-            if progress and k % (per_sample * 60) == 0:
-                progress(min(now, trace_end_s))
+        now = round(k * tick, 9)  # k * 0.1 is not exact in binary; keep whole seconds whole
+        # Control first: a view at t shows what the HPA wrote at t.
         if hpa is None:
             if k % per_sample == 0:
                 desired = policy.desired_at(now)
@@ -105,6 +97,15 @@ def run(fleet, policy, config: LoopConfig, trace_end_s: float, progress=None) ->
                 if desired != view.spec_replicas:
                     fleet.set_replicas(desired, now)
                     timeline.scale_events += 1
+        if k % per_sample == 0:
+            view = fleet.view(now)
+            history.append(view)
+            policy.observe(view, history)
+            metric = policy.value_at(now) if hpa is not None else float(view.spec_replicas)
+            timeline.add(view, metric, last_arrivals)
+            last_arrivals = view.arrivals_total
+            if progress and k % (per_sample * 60) == 0:
+                progress(min(now, trace_end_s))
         fleet.step(now)
         k += 1
         if k > trace_ticks and fleet.idle:

@@ -161,3 +161,38 @@ def read_servegen(folder: str | Path, step_s: float = 1.0, seed: int = 0, rate_s
         if progress:
             progress(i + 1, len(files))
     return CountTrace(f"servegen-{folder.name}", step_s, counts)
+
+
+def servegen_requests(folder: str | Path, lengths: RequestTrace, start_s: float, duration_s: float,
+                      rate_scale: float = 1.0, seed: int = 0) -> RequestTrace:
+    """A per-request slice of the summed ServeGen clients: every arrival drawn as in read_servegen,
+    with prompt/output lengths drawn (with replacement) from `lengths` (ServeGen's language files
+    carry rates only, no lengths)."""
+    folder = Path(folder)
+    files = sorted(folder.glob("chunk-*-trace.csv"), key=lambda p: int(p.stem.split("-")[1]))
+    if not files:
+        raise ValueError(f"{folder}: no chunk-<client>-trace.csv files; pass a ServeGen client folder")
+    if duration_s <= 0:
+        raise ValueError(f"a ServeGen slice needs --duration > 0 seconds, got {duration_s}")
+    rng = np.random.default_rng(seed)
+    first = int(start_s // SERVEGEN_WINDOW_S)
+    last = int(math.ceil((start_s + duration_s) / SERVEGEN_WINDOW_S))
+    times: list[np.ndarray] = []
+    for path in files:
+        for line in path.read_text().splitlines():
+            row = line.split(",")
+            if len(row) < 6 or not row[3]:
+                continue
+            w = int(float(row[0]) // SERVEGEN_WINDOW_S)
+            rate = float(row[1]) * rate_scale
+            if first <= w < last and rate > 0:
+                t = _window_arrivals(rng, row[3], float(row[4]), rate, SERVEGEN_WINDOW_S)
+                times.append(t + (w - first) * SERVEGEN_WINDOW_S)
+    if not times:
+        raise ValueError(f"{folder}: no arrivals between {start_s} s and {start_s + duration_s} s")
+    t = np.sort(np.concatenate(times))
+    t = t[t < duration_s]
+    pick = rng.integers(0, len(lengths), len(t))
+    return RequestTrace(f"servegen-{folder.name}@{start_s / 3600:g}h+{duration_s / 3600:g}h"
+                        + (f"x{rate_scale:g}" if rate_scale != 1 else ""),
+                        t, lengths.prompt_tokens[pick], lengths.output_tokens[pick])

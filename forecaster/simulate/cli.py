@@ -1,0 +1,116 @@
+"""`goodput simulate`: autoscaling policies replayed on a trace."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from goodput_cli.errors import UsageError
+
+DEFAULT_POLICIES = "utilization,queue-adapter,queue-keda,saturation,goodput,oracle"
+
+
+def register(registry) -> None:
+    p = registry.command("simulate", "autoscaling policies replayed on a trace", run_command)
+    p.add_argument("--trace", required=True,
+                   help="Azure LLM trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens) or a ServeGen client folder")
+    p.add_argument("--policy", default=DEFAULT_POLICIES,
+                   help=f"comma-separated policies (default: {DEFAULT_POLICIES})")
+    p.add_argument("--cold-start", type=float, default=180.0, help="seconds from ordering a replica to it serving (default 180)")
+    p.add_argument("--profile", default="h100-70b", help="built-in profile (h100-70b, cpu-smollm2) or a profile JSON file")
+    p.add_argument("--min-replicas", type=int, default=1)
+    p.add_argument("--max-replicas", type=int, default=100)
+    p.add_argument("--metric-delay", type=float, default=30.0, help="age in seconds of the metric the HPA reads (default 30)")
+    p.add_argument("--rate-scale", type=float, default=1.0,
+                   help="multiply the trace's arrival rate (Azure: each request replayed k times; ServeGen: every client's rate)")
+    p.add_argument("--start", type=float, default=0.0, help="ServeGen: start of the slice, seconds")
+    p.add_argument("--duration", type=float, default=None, help="ServeGen: length of the slice, seconds (default 6 h)")
+    p.add_argument("--tick", type=float, default=None, help="fleet time step, seconds (default 0.1)")
+    p.add_argument("--capacity-rps", type=float, default=None,
+                   help="per-replica capacity the forecaster is given (default: measured by a simulated sweep)")
+    p.add_argument("--target", type=float, default=0.99, help="attainment the oracle must reach (default 0.99)")
+    p.add_argument("--lengths", default=None,
+                   help="ServeGen: Azure CSV whose prompt/output lengths are drawn for the requests")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="folder for plots (PNG), results.md and results.json")
+    p.add_argument("--json", default=None, help="write results JSON to this file")
+
+
+def _parse_policies(text: str) -> list[str]:
+    from forecaster.simulate.policies import POLICY_NAMES
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in POLICY_NAMES]
+    if bad or not names:
+        raise UsageError(f"unknown policy {', '.join(bad) or '(none)'}; choose from {', '.join(POLICY_NAMES)}")
+    return names
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from forecaster.simulate import report
+    from forecaster.simulate.loop import LoopConfig
+    from forecaster.simulate.policies import Limits
+    from forecaster.simulate.profiles import load_profile
+    from forecaster.simulate.runner import simulate_trace
+    from forecaster.simulate.traces import read_azure_csv, servegen_requests
+
+    names = _parse_policies(args.policy)
+    trace_path = Path(args.trace)
+    if not trace_path.exists():
+        raise UsageError(f"trace {trace_path} does not exist; pass an Azure CSV or a ServeGen client folder")
+    try:
+        profile = load_profile(args.profile)
+        loop = LoopConfig(cold_start_s=args.cold_start, metric_delay_s=args.metric_delay)
+        if not 1 <= args.min_replicas <= args.max_replicas:
+            raise ValueError(f"need 1 <= --min-replicas <= --max-replicas, got {args.min_replicas}..{args.max_replicas}")
+        limits = Limits(args.min_replicas, args.max_replicas)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+
+    started = time.monotonic()
+    with Progress(TextColumn("{task.description:<22}"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
+                  TimeElapsedColumn(), transient=True) as bar:
+        tasks: dict[str, int] = {}
+
+        def progress(name: str, t: float, total: float) -> None:
+            if name not in tasks:
+                tasks[name] = bar.add_task(name, total=total)
+            bar.update(tasks[name], completed=t)
+
+        try:
+            if trace_path.is_dir():
+                if not args.lengths:
+                    raise UsageError("a ServeGen folder has no request lengths: pass --lengths AZURE_CSV to draw them from")
+                lengths = read_azure_csv(Path(args.lengths))
+                trace = servegen_requests(trace_path, lengths, args.start, args.duration or 6 * 3600.0,
+                                          args.rate_scale, args.seed)
+            else:
+                trace = read_azure_csv(trace_path, args.rate_scale, args.seed)
+            runs, facts = simulate_trace(trace, profile, names, loop, limits, tick_s=args.tick or 0.1,
+                                         target=args.target, capacity_rps=args.capacity_rps,
+                                         progress=lambda n, t: progress(n, t, trace.duration_s))
+            title = f"{trace.name}, {profile.name}, cold start {args.cold_start:g} s"
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
+
+    results = [r.result.to_dict() for r in runs]
+    setup = {"trace": str(trace_path), "profile": profile.to_dict(), "policies": names,
+             "cold_start_s": args.cold_start, "metric_delay_s": args.metric_delay, "rate_scale": args.rate_scale,
+             "min_replicas": args.min_replicas, "max_replicas": args.max_replicas, "seed": args.seed,
+             "wall_s": round(time.monotonic() - started, 1), **facts}
+    print(title)
+    print(f"SLO: TTFT <= {profile.slo.ttft_s:g} s and TPOT <= {profile.slo.tpot_s:g} s; "
+          f"forecaster capacity {facts.get('capacity_rps') or 0:.2f} req/s per replica; wall {setup['wall_s']} s")
+    print(report.text_table(results))
+    if args.json:
+        report.write_json(Path(args.json), setup, results)
+    if args.out:
+        out = Path(args.out)
+        report.write_json(out / "results.json", setup, results)
+        (out / "results.md").write_text(f"{title}\n\n{report.markdown_table(results)}\n")
+        report.plot(out / "timeline.png", title, {r.result.policy: r.series for r in runs})
+        print(f"wrote {out}/results.json, results.md, timeline.png")
+    return 0

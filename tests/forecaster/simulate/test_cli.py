@@ -1,0 +1,70 @@
+"""`goodput simulate` end to end on a small trace, and the oracle's plan."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+
+from forecaster.simulate.oracle import oracle_plan, required_replicas
+from tests.support import goodput_command
+
+
+def _write_azure_csv(path, seconds=600, seed=0):
+    # 2 req/s for 5 minutes, then 20 req/s: short prompts so the run takes a few seconds.
+    rng = np.random.default_rng(seed)
+    t = np.concatenate([np.sort(rng.uniform(0, 300, 600)), np.sort(rng.uniform(300, seconds, 6000))])
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    for s in t:
+        whole = int(s)
+        frac = int(round((s - whole) * 1e7))
+        if frac == 10_000_000:
+            whole, frac = whole + 1, 0
+        lines.append(f"2023-11-16 18:{whole // 60:02d}:{whole % 60:02d}.{frac:07d},{rng.integers(100, 3000)},{rng.integers(5, 40)}")
+    path.write_text("\n".join(lines))
+
+
+def test_simulate_writes_a_table_and_json(tmp_path):
+    trace = tmp_path / "trace.csv"
+    _write_azure_csv(trace)
+    out = tmp_path / "out"
+    proc = subprocess.run(goodput_command("simulate", "--trace", str(trace), "--policy", "queue-adapter,oracle",
+                                          "--out", str(out), "--cold-start", "60"),
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert "queue-adapter" in proc.stdout and "oracle" in proc.stdout
+    data = json.loads((out / "results.json").read_text())
+    results = {r["policy"]: r for r in data["results"]}
+    assert set(results) == {"queue-adapter", "oracle"}
+    for r in results.values():
+        # Conservation shows in the report too: every request is good, bad, dropped or unfinished.
+        assert r["requests"] == 6600
+        assert r["dropped"] == 0 and r["unfinished"] == 0
+    assert results["oracle"]["vs_oracle"] == 1.0
+    assert results["oracle"]["attainment"] >= 0.99  # the oracle search stops at the first plan that reaches it
+    assert (out / "timeline.png").stat().st_size > 10_000
+
+
+def test_unknown_policy_is_a_one_line_usage_error(tmp_path):
+    trace = tmp_path / "trace.csv"
+    _write_azure_csv(trace, seconds=310)
+    proc = subprocess.run(goodput_command("simulate", "--trace", str(trace), "--policy", "hpa-magic"),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "hpa-magic" in proc.stderr and "queue-adapter" in proc.stderr
+
+
+def test_oracle_needs_work_over_window_plus_ttft_and_orders_one_cold_start_ahead():
+    # 10 replica-seconds of work arrive in second 100 and nothing else. With a 2 s TTFT, the
+    # 1-second window needs 10 / (1 + 2) = 3.33 replicas during the seconds that window covers
+    # (only second 100); wider windows need less (10 / (w + 2)).
+    work = np.zeros(200)
+    work[100] = 10.0
+    req = required_replicas(work, ttft_s=2.0, windows_s=(1, 5))
+    assert req[100] == 10.0 / 3.0
+    assert req[99] == 10.0 / 7.0 and req[104] == 10.0 / 7.0 and req[105] == 0.0
+    # Plan: ceil(3.33) = 4 at second 100, so 4 must be ordered from 100 - 30 = 70 with a 30 s
+    # cold start (the largest requirement over [t, t + 30]), and released right after.
+    plan = oracle_plan(req, cold_start_s=30.0, min_replicas=1, max_replicas=10)
+    assert plan[69] == 2 and plan[70] == 4 and plan[100] == 4 and plan[101] == 2 and plan[105] == 1
