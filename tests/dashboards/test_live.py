@@ -45,7 +45,11 @@ def _forecaster_built() -> bool:
 
 
 def _forecaster_command(sidecar: str, port: int) -> list[str]:
-    return goodput_command("forecaster", "run", "--sidecars", sidecar, "--metrics-port", str(port), "--host", "127.0.0.1")
+    # Scrapes the sidecar directly each second; no External Metrics API (that needs TLS and is
+    # tested with the forecaster); a 10 s horizon so forecasts exist within the test.
+    return goodput_command("forecaster", "run", "--targets", sidecar, "--host", "127.0.0.1", "--metrics-port", str(port),
+                           "--api-port", "0", "--step", "1", "--horizon", "10", "--capacity", "5",
+                           "--max-replicas", "4", "--scale-down-window", "10")
 
 
 @pytest.mark.slow
@@ -65,7 +69,7 @@ def test_live_prometheus_evaluates_every_query_and_rule(start_server, tmp_path):
     with_forecaster = _forecaster_built()
     if with_forecaster:
         forecaster_port = free_port()
-        start_server(_forecaster_command(f"http://{sidecar}", forecaster_port),
+        start_server(_forecaster_command(sidecar, forecaster_port),
                      f"http://127.0.0.1:{forecaster_port}/metrics", timeout=60, name="forecaster")
         targets["forecaster"] = f"127.0.0.1:{forecaster_port}"
     ksm = live_stack.StaticMetrics(live_stack.KSM_TEXT)
