@@ -1,14 +1,14 @@
 """Traces the simulator replays: per-request (Azure CSV) and per-client rates (ServeGen folder).
 
-forecaster/ had no trace reader when this was written, so the simulator owns these two readers.
-
-- Azure LLM inference CSV (TIMESTAMP, ContextTokens, GeneratedTokens): one row per request.
+- Azure LLM inference CSV (TIMESTAMP, ContextTokens, GeneratedTokens): one row per request, parsed
+  by the forecaster's reader (forecaster/traces.py); here it becomes arrays, optionally scaled.
 - ServeGen client folder (chunk-<client>-trace.csv, no header: window start s, rate req/s, cv,
   distribution Gamma|Weibull, shape, scale): per client and 10-minute window, the rate and the
   fitted inter-arrival distribution. Arrivals are drawn inside each window from each client's
   fitted distribution, rescaled so its mean gap is 1/rate (the fitted scale and the published rate
   disagree for some Weibull rows; the rate is what the trace counts, the shape keeps the burstiness),
-  starting at a random phase, with a fixed seed; the clients are summed.
+  starting at a random phase, with a fixed seed; the clients are summed. (forecaster/traces.py
+  sums the clients' rates per window; the simulator needs the arrivals themselves.)
 """
 
 from __future__ import annotations
@@ -58,22 +58,20 @@ class CountTrace:
 
 
 def read_azure_csv(path: str | Path, rate_scale: float = 1.0, seed: int = 0) -> RequestTrace:
-    """Read an Azure trace; `rate_scale` > 1 replays each request that many times (see scale_requests)."""
-    import pandas as pd  # heavy; only when a trace is read
+    """Read an Azure trace with the forecaster's reader; `rate_scale` != 1 replays each request
+    that many times (see scale_requests)."""
+    from forecaster.traces import read_azure
 
     path = Path(path)
     try:
-        frame = pd.read_csv(path)
-        stamps = pd.to_datetime(frame["TIMESTAMP"])
-    except (KeyError, ValueError, OSError) as exc:
+        requests = read_azure(path)
+    except (OSError, IndexError, ValueError) as exc:
         raise ValueError(f"{path}: not an Azure LLM trace CSV with TIMESTAMP,ContextTokens,GeneratedTokens ({exc})") from exc
-    seconds = (stamps - stamps.min()).dt.total_seconds().to_numpy()
-    order = np.argsort(seconds, kind="stable")
     trace = RequestTrace(
         name=path.stem,
-        arrival_s=seconds[order],
-        prompt_tokens=frame["ContextTokens"].to_numpy(dtype=np.int64)[order],
-        output_tokens=np.maximum(1, frame["GeneratedTokens"].to_numpy(dtype=np.int64)[order]),
+        arrival_s=np.array([r.t for r in requests], dtype=float),
+        prompt_tokens=np.array([r.input_tokens for r in requests], dtype=np.int64),
+        output_tokens=np.maximum(1, np.array([r.output_tokens for r in requests], dtype=np.int64)),
     )
     return scale_requests(trace, rate_scale, seed) if rate_scale != 1.0 else trace
 
