@@ -174,43 +174,45 @@ class Sidecar:
 
     # ---- one measured request ----------------------------------------------------------------
     async def _measured(self, request: web.BaseRequest, kind: str) -> web.StreamResponse:
+        """Proxy one chat/completions request and account it exactly once, however it ends."""
         start = _clock()
-        try:
-            body = await read_body(request, self.config.max_body_bytes)
-        except BodyTooLarge:
-            return self._too_large()
-        try:
-            doc = json.loads(body)
-        except ValueError:
-            doc = None
-        if not isinstance(doc, dict):
-            doc = {}   # not JSON: forwarded as is, the upstream will answer with its own error
-        model = doc.get("model") if isinstance(doc.get("model"), str) else None
-        stream = doc.get("stream") is True
-        max_tokens = doc.get("max_tokens", doc.get("max_completion_tokens"))
-        label = self.models.label(model)
-        slo = self.config.slo.classify(model, request.path, request.headers)
-        strip = False
-        if stream and self.config.inject_usage:
-            options = doc.get("stream_options")
-            if not (isinstance(options, dict) and options.get("include_usage")):
-                doc["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
-                body = json.dumps(doc).encode()
-                strip = True
         capture = self.config.capture_content
-        timer = StreamTimer(start, kind, strip_usage=strip, collect_text=capture)
-        span = RequestSpan(self.tracer, "chat" if kind == "chat" else "text_completion", model, request.headers,
-                           start, self._server_address, self._server_port)
-        span.request_attributes(stream, max_tokens if isinstance(max_tokens, int) else None, slo)
-        if capture:
-            span.capture_input(doc)
-        headers = upstream_headers(request, measured=True)
-        span.inject(headers)
-        self.metrics.started(label)
+        span = RequestSpan(self.tracer, "chat" if kind == "chat" else "text_completion", request.headers, start,
+                           self._server_address, self._server_port)
+        label = ModelLabels.OTHER
+        slo = self.config.slo.classify(None, request.path, request.headers)
+        timer = StreamTimer(start, kind)
+        in_flight = False
         error_type = None
         cancelled = False
         upstream = None
         try:
+            try:
+                body = await read_body(request, self.config.max_body_bytes)
+            except BodyTooLarge:
+                error_type = "request_too_large"
+                return self._too_large()
+            doc = _json_object(body)
+            model = doc.get("model") if isinstance(doc.get("model"), str) else None
+            stream = doc.get("stream") is True
+            max_tokens = doc.get("max_tokens", doc.get("max_completion_tokens"))
+            label = self.models.label(model)
+            slo = self.config.slo.classify(model, request.path, request.headers)
+            strip = False
+            if stream and self.config.inject_usage:
+                options = doc.get("stream_options")
+                if not (isinstance(options, dict) and options.get("include_usage")):
+                    doc["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+                    body = json.dumps(doc).encode()
+                    strip = True
+            timer = StreamTimer(start, kind, strip_usage=strip, collect_text=capture)
+            span.request_attributes(model, stream, max_tokens if isinstance(max_tokens, int) else None)
+            if capture:
+                span.capture_input(doc)
+            headers = upstream_headers(request, measured=True)
+            span.inject(headers)
+            self.metrics.started(label)
+            in_flight = True
             upstream = await open_upstream(self.session, "POST", self._url(request), headers, body)
             if upstream.status == 200 and upstream.content_type == "text/event-stream":
                 out, error_type = await relay_stream(request, upstream, timer, _clock)
@@ -226,7 +228,9 @@ class Sidecar:
         except (asyncio.CancelledError, ConnectionResetError):
             if self._forced:
                 error_type = "drain_timeout"
-            else:
+            elif not timer.done_seen:
+                # A client that hangs up after `data: [DONE]` reached it was served in full
+                # (some clients close as soon as they see it); only earlier exits are cancellations.
                 cancelled = True
             raise
         except Exception as exc:
@@ -243,8 +247,8 @@ class Sidecar:
             timing = timer.finish(end)
             error_type = error_type or timing.error_type
             verdict = judge(timing, slo, error=error_type if not cancelled else None, cancelled=cancelled)
-            self.metrics.finished(label, slo, timing, verdict)
-            span.end(timing, verdict, None if cancelled else error_type, end, capture_output=capture)
+            self.metrics.finished(label, slo, timing, verdict, in_flight=in_flight)
+            span.end(timing, verdict, slo, None if cancelled else error_type, end, capture_output=capture)
 
     # ---- engine signals ----------------------------------------------------------------------
     async def scrape_once(self) -> bool:
@@ -266,6 +270,16 @@ class Sidecar:
         while True:
             await self.scrape_once()
             await asyncio.sleep(self.config.engine_metrics_interval)
+
+
+def _json_object(body: bytes) -> dict:
+    """The request body as a dict; anything else (not JSON, a list) is forwarded as is and the
+    upstream answers with its own error, so the sidecar never rejects what the engine accepts."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 def make_app(config: ProxyConfig, registry: CollectorRegistry, tracer_provider) -> Sidecar:

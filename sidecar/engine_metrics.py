@@ -2,11 +2,11 @@
 
 Understands vLLM's current names (`vllm:kv_cache_usage_perc`, `vllm:prefix_cache_*`), its older
 ones (`vllm:gpu_cache_usage_perc`, `vllm:gpu_prefix_cache_*`), SGLang's (`sglang:num_queue_reqs`,
-`sglang:num_running_reqs`, `sglang:token_usage`, `sglang:num_retracted_reqs`), and the bundled
-engine (vLLM names). Series of one model are combined over other labels (data-parallel `engine`
+`sglang:num_running_reqs`, `sglang:token_usage`), and the bundled engine (vLLM names). Series of one model are combined over other labels (data-parallel `engine`
 ranks, tp ranks): counts and counters are summed, the KV-cache ratio is averaged, since each
 rank owns its own equal share of the cache. SGLang exposes prefix-cache hits only as a
-`cache_hit_rate` gauge, which cannot become a counter, so there is no prefix-cache series for it.
+`cache_hit_rate` gauge and retractions (its preemptions) only as a gauge of the last interval;
+neither can become a counter, so those series are absent for SGLang rather than made up.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ SOURCES: dict[str, tuple[str, str]] = {
     "sglang:num_queue_reqs": ("requests_waiting", "sum"),
     "sglang:num_running_reqs": ("requests_running", "sum"),
     "sglang:token_usage": ("kv_cache_usage_ratio", "mean"),
-    "sglang:num_retracted_reqs_total": ("preemptions", "sum"),
 }
 
 # goodput signal -> (exported family name, type, help)
@@ -41,7 +40,7 @@ SIGNALS: dict[str, tuple[str, str, str]] = {
     "requests_waiting": ("goodput_engine_requests_waiting", "gauge", "Requests queued in the engine, not yet scheduled."),
     "requests_running": ("goodput_engine_requests_running", "gauge", "Requests the engine is running (prefill or decode)."),
     "kv_cache_usage_ratio": ("goodput_engine_kv_cache_usage_ratio", "gauge", "Share of the engine's KV cache in use, 0-1."),
-    "preemptions": ("goodput_engine_preemptions", "counter", "Requests the engine preempted (SGLang: retracted)."),
+    "preemptions": ("goodput_engine_preemptions", "counter", "Requests the engine preempted (vLLM and the bundled engine)."),
     "prefix_cache_queries": ("goodput_engine_prefix_cache_queries", "counter", "Prompt tokens looked up in the prefix cache."),
     "prefix_cache_hits": ("goodput_engine_prefix_cache_hits", "counter", "Prompt tokens found in the prefix cache."),
 }

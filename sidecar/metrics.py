@@ -86,10 +86,13 @@ class SidecarMetrics:
     def started(self, model: str) -> None:
         self.in_flight.labels(model).inc()
 
-    def finished(self, model: str, slo: SloClass, timing: RequestTiming, verdict: Verdict) -> None:
-        """Record one ended request (called exactly once, from the proxy's finally)."""
+    def finished(self, model: str, slo: SloClass, timing: RequestTiming, verdict: Verdict,
+                 in_flight: bool = True) -> None:
+        """Record one ended request (called exactly once, from the proxy's finally). `in_flight`
+        is False for a request refused before it was counted as started (e.g. 413)."""
         name = slo.name
-        self.in_flight.labels(model).dec()
+        if in_flight:
+            self.in_flight.labels(model).dec()
         self.requests.labels(model, name, verdict.outcome).inc()
         for objective in verdict.violated:
             self.violations.labels(model, name, objective).inc()

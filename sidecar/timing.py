@@ -78,6 +78,17 @@ class StreamTimer:
 
     def relay(self, data: bytes, now: float) -> bytes:
         """Like feed(); returns the bytes to pass on (`data` itself unless stripping usage)."""
+        # Fast path: no leftover, exactly one `data:` line and its blank line, an ordinary token.
+        if not self._buf and data[-2:] == b"\n\n" and data[:5] == b"data:" and data.find(b"\n") == len(data) - 2 \
+                and self._fast_token(data):
+            if self._first is None:
+                self._first = now
+            else:
+                self._itl.append(now - self._last)
+            self._last = now
+            self._chunks += 1
+            self._seen_data = True
+            return data
         buf = self._buf + data if self._buf else data
         if b"\r" in buf:
             # Normalise CRLF / CR line ends for parsing; forwarded bytes stay raw unless stripping.
@@ -115,6 +126,14 @@ class StreamTimer:
             self._done = True
             return False
         self._seen_data = True
+        if self._fast_token(payload):
+            if self._first is None:
+                self._first = now
+            else:
+                self._itl.append(now - self._last)
+            self._last = now
+            self._chunks += 1
+            return False
         try:
             obj = _loads(payload)
         except ValueError:
@@ -122,6 +141,41 @@ class StreamTimer:
         if type(obj) is not dict:
             return False
         return self._chunk(obj, now)
+
+    def _fast_token(self, p: bytes) -> bool:
+        """True if `p` is certainly one ordinary content chunk, decided without parsing JSON.
+
+        JSON escapes every quote inside strings, so a byte pattern like `"finish_reason":null`
+        can only be the key itself, never generated text. Both compact separators (vLLM) and
+        `": "` (json.dumps: SGLang, the bundled engine) are recognised. Anything unusual (several
+        choices, a finish reason, usage, an error, the first chunk, text capture) goes to the
+        full parse instead.
+        """
+        if self._model is None or self._texts is not None:
+            return False
+        i = p.find(b'"finish_reason":')
+        if i < 0:
+            return False
+        i += 17 if p[i + 16:i + 17] == b" " else 16     # compact (pydantic) or spaced (json.dumps)
+        if p[i:i + 4] != b"null" or p.find(b'"finish_reason"', i) >= 0:
+            return False
+        if b'"error"' in p:
+            return False
+        i = p.find(b'"usage":')
+        if i >= 0:
+            i += 9 if p[i + 8:i + 9] == b" " else 8
+            if p[i:i + 4] != b"null":
+                return False
+        i = p.find(b'"content":')
+        if i >= 0:
+            i += 11 if p[i + 10:i + 11] == b" " else 10
+        else:
+            i = p.find(b'"text":')
+            if i < 0:
+                return False
+            i += 8 if p[i + 7:i + 8] == b" " else 7
+        # An opening quote followed by anything but the closing one: non-empty text.
+        return p[i:i + 1] == b'"' and p[i + 1:i + 2] != b'"'
 
     def _chunk(self, obj: dict, now: float) -> bool:
         if self._model is None:

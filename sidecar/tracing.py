@@ -47,20 +47,19 @@ class _HeaderGetter(DefaultGetter):
 class RequestSpan:
     """The span of one request: opened at receipt, ended exactly once by `end()`."""
 
-    __slots__ = ("span", "_start_wall_ns", "_start_perf", "_ended")
+    __slots__ = ("span", "_start_wall_ns", "_start_perf", "_operation", "_ended")
 
-    def __init__(self, tracer, operation: str, model: str | None, incoming_headers, start_perf: float,
+    def __init__(self, tracer, operation: str, incoming_headers, start_perf: float,
                  server_address: str, server_port: int | None):
         context = _PROPAGATOR.extract(incoming_headers, getter=_HeaderGetter())
         self._start_wall_ns = time.time_ns()
         self._start_perf = start_perf
-        name = f"{operation} {model}" if model else operation
+        self._operation = operation
         attrs = {"gen_ai.operation.name": operation, "server.address": server_address}
         if server_port is not None:
             attrs["server.port"] = server_port
-        if model:
-            attrs["gen_ai.request.model"] = model
-        self.span = tracer.start_span(name, context=context, kind=SpanKind.SERVER, attributes=attrs,
+        # Named `{operation} {model}` once the body has been read (request_attributes).
+        self.span = tracer.start_span(operation, context=context, kind=SpanKind.SERVER, attributes=attrs,
                                       start_time=self._start_wall_ns)
         self._ended = False
 
@@ -69,23 +68,26 @@ class RequestSpan:
         from opentelemetry import trace
         _PROPAGATOR.inject(headers, context=trace.set_span_in_context(self.span))
 
-    def request_attributes(self, stream: bool, max_tokens: int | None, slo: SloClass) -> None:
+    def request_attributes(self, model: str | None, stream: bool, max_tokens: int | None) -> None:
+        if model:
+            self.span.update_name(f"{self._operation} {model}")
+            self.span.set_attribute("gen_ai.request.model", model)
         self.span.set_attribute("gen_ai.request.stream", stream)
         if isinstance(max_tokens, int):
             self.span.set_attribute("gen_ai.request.max_tokens", max_tokens)
-        self.span.set_attribute("goodput.slo_class", slo.name)
 
     def capture_input(self, body: dict) -> None:
         content = body.get("messages", body.get("prompt"))
         if content is not None:
             self.span.set_attribute("gen_ai.input.messages", json.dumps(content)[:_CONTENT_LIMIT])
 
-    def end(self, timing: RequestTiming, verdict: Verdict, error_type: str | None, end_perf: float,
+    def end(self, timing: RequestTiming, verdict: Verdict, slo: SloClass, error_type: str | None, end_perf: float,
             capture_output: bool = False) -> None:
         if self._ended:
             return
         self._ended = True
         span = self.span
+        span.set_attribute("goodput.slo_class", slo.name)
         if timing.model:
             span.set_attribute("gen_ai.response.model", timing.model)
         if timing.finish_reasons:
