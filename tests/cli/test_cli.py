@@ -34,20 +34,13 @@ def test_unknown_command_exits_2():
 
 
 def test_unbuilt_command_says_so_in_one_line(capsys):
-    parser = build_parser()
-    # Find a command whose provider has not registered a real implementation, if any remains.
-    unbuilt = [p for p in EXPECTED if "[not built yet]" in _help_of(parser, p)]
-    if not unbuilt:
-        pytest.skip("every command is built")
-    code = main(unbuilt[0].split())
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2
-    assert len(err) == 1 and "not built yet" in err[0]
+    import argparse
 
+    from goodput_cli.main import _not_built
 
-def _help_of(parser, path: str) -> str:
-    sub = parser
-    for word in path.split():
-        action = next(a for a in sub._actions if a.__class__.__name__ == "_SubParsersAction")
-        sub = action.choices[word]
-    return sub.description or ""
+    # An unbuilt command is never a silent stub: one line naming the issue, exit status 2.
+    assert _not_built("simulate", 6, {})(argparse.Namespace()) == 2
+    assert capsys.readouterr().err == "goodput simulate: not built yet (issue #6)\n"
+    # When a command module failed to load, the message says that instead of "not built".
+    assert _not_built("simulate", 6, {"forecaster.cli": "SyntaxError: bad"})(argparse.Namespace()) == 1
+    assert "failed to load (forecaster.cli: SyntaxError: bad)" in capsys.readouterr().err
