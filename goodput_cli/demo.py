@@ -26,15 +26,17 @@ def register(registry) -> None:
     p.add_argument("--trace", type=Path, default=BUNDLED_TRACE, help="trace to replay (default: bundled Azure code slice)")
     p.add_argument("--duration", type=float, default=120.0,
                    help="seconds of replay (default 120); the trace is time-scaled to fill them at the chosen load")
-    p.add_argument("--load", type=float, default=0.6,
-                   help="mean offered load as a fraction of the calibrated capacity (default 0.6; bursts go above)")
+    p.add_argument("--load", type=float, default=0.4,
+                   help="mean offered load as a fraction of the calibrated capacity (default 0.4: calibration is a best case, all prompts arriving together; bursts go above)")
     p.add_argument("--max-input", type=int, default=512, help="cap prompt lengths (one scale factor for all, default 512)")
     p.add_argument("--max-output", type=int, default=32, help="cap output lengths (default 32)")
     p.add_argument("--slo-ttft", type=float, default=3.0, help="TTFT objective for the demo, seconds")
     p.add_argument("--slo-tpot", type=float, default=0.5, help="TPOT objective for the demo, seconds")
     p.add_argument("--engine-port", type=int, default=8000)
     p.add_argument("--sidecar-port", type=int, default=8080)
-    p.add_argument("--forecaster-port", type=int, default=9300)
+    p.add_argument("--forecaster-port", type=int, default=9300, help="forecaster /metrics port (default 9300)")
+    p.add_argument("--forecaster-api-port", type=int, default=8443,
+                   help="forecaster External Metrics API (HTTPS, self-signed) port (default 8443)")
     p.add_argument("--out", type=Path, default=Path("demo-report"), help="report folder (default demo-report)")
     p.add_argument("--keep-running", action="store_true", help="leave the servers up after the report until Ctrl-C")
 
@@ -61,19 +63,31 @@ def start_stack(args, procs: list) -> None:
                                                "--port", str(args.sidecar_port), "--slo-config", str(_slo_file(args.out, args.slo_ttft, args.slo_tpot)),
                                                "--engine-metrics-interval", "1"),
                                f"http://127.0.0.1:{args.sidecar_port}/healthz", timeout=60, name="sidecar"))
-    if importlib.util.find_spec("forecaster.cli") is not None:
-        print(f"starting the forecaster on :{args.forecaster_port}...")
-        try:
-            procs.append(ServerProcess(goodput_command("forecaster", "run", *forecaster_args(args)),
-                                       f"http://127.0.0.1:{args.forecaster_port}/metrics", timeout=60, name="forecaster"))
-        except (RuntimeError, TimeoutError) as exc:
-            # The demo is still whole without the forecast; say why it is missing.
-            print(f"forecaster not started, continuing without forecasts: {str(exc).strip().splitlines()[-1]}")
 
 
-def forecaster_args(args) -> list[str]:
-    return ["--targets", f"http://127.0.0.1:{args.sidecar_port}/metrics", "--metrics-port", str(args.forecaster_port),
-            "--interval", "5", "--horizon", "60", "--cold-start", "60"]
+def start_forecaster(args, procs: list, capacity: float) -> bool:
+    """The forecaster scraping the sidecar, with the calibrated per-replica capacity; False if it won't start."""
+    from goodput_cli.procs import ServerProcess, goodput_command
+
+    if importlib.util.find_spec("forecaster.cli") is None:
+        return False
+    print(f"starting the forecaster on :{args.forecaster_port} (External Metrics API on https://127.0.0.1:{args.forecaster_api_port})...")
+    try:
+        procs.append(ServerProcess(goodput_command("forecaster", "run", *forecaster_args(args, capacity)),
+                                   f"http://127.0.0.1:{args.forecaster_port}/metrics", timeout=60, name="forecaster"))
+        return True
+    except (RuntimeError, TimeoutError) as exc:
+        # The demo is still whole without the forecast; say why it is missing.
+        print(f"forecaster not started, continuing without forecasts: {str(exc).strip().splitlines()[-1]}")
+        return False
+
+
+def forecaster_args(args, capacity: float) -> list[str]:
+    # A 5 s step and a 60 s horizon so the forecast moves within a few-minute demo; in production
+    # the defaults (15 s, 180 s = a replica's cold start) apply.
+    return ["--targets", f"127.0.0.1:{args.sidecar_port}", "--metrics-port", str(args.forecaster_port),
+            "--api-port", str(args.forecaster_api_port), "--self-signed", "--step", "5", "--horizon", "60",
+            "--capacity", f"{capacity:.4f}", "--max-replicas", "8"]
 
 
 def calibrate(url: str, model: str, n_in: int, n_out: int, tokenizer) -> float:
@@ -122,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
         n_out = int(np.median([r.output_tokens for r in fitted]))
         print(f"calibrating: 4 concurrent requests of {n_in} prompt + {n_out} output tokens...")
         capacity = calibrate(sidecar_url, model, n_in, n_out, tokenizer)
+        has_forecaster = start_forecaster(args, procs, capacity)
         # Take as many of the trace's first requests as the target rate fills the duration with, and
         # compress (or stretch) their real inter-arrival pattern onto the duration.
         count = max(2, min(len(fitted), round(args.load * capacity * args.duration)))
@@ -134,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         slo = SloClass("demo", ttft=args.slo_ttft, tpot=args.slo_tpot, objective=0.9)
         cfg = LoadConfig(base_url=sidecar_url, model=model, slo=slo)
         stats = LiveStats()
-        view = DemoView(sidecar_url, f"http://127.0.0.1:{args.forecaster_port}" if len(procs) > 2 else None, stats, len(replay))
+        view = DemoView(sidecar_url, f"http://127.0.0.1:{args.forecaster_port}" if has_forecaster else None, stats, len(replay))
 
         async def go():
             task = asyncio.ensure_future(run_load(cfg, replay, PromptFactory(tokenizer, seed=1), stats))
@@ -151,7 +166,9 @@ def run(args: argparse.Namespace) -> int:
         print("\n" + format_summary(summary))
         print(f"\nreport: {args.out}/report.json, records: {args.out}/records.jsonl")
         print(f"metrics: sidecar {sidecar_url}/metrics  engine http://127.0.0.1:{args.engine_port}/metrics"
-              + (f"  forecaster http://127.0.0.1:{args.forecaster_port}/metrics" if len(procs) > 2 else ""))
+              + (f"\n         forecaster http://127.0.0.1:{args.forecaster_port}/metrics  External Metrics API "
+               f"https://127.0.0.1:{args.forecaster_api_port}/apis/external.metrics.k8s.io/v1beta1/namespaces/default/goodput_desired_replicas"
+               if has_forecaster else ""))
         if args.keep_running:
             print("servers keep running; Ctrl-C to stop")
             while True:
