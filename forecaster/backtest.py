@@ -3,8 +3,9 @@
 At each origin o (evenly spaced over the series once `min_train` points exist) every model is
 fitted on the points before o (at most `max_window` of them) and forecasts the horizons; errors
 are kept per horizon. "selected" is the forecaster's own path: a ModelSelector that re-chooses
-among its candidates by a rolling-origin backtest on the recent history every `reselect_every`
-origins (forecaster/selection.py), exactly as the server does.
+among its candidates by a rolling-origin backtest on the recent history every `reselect_minutes`
+minutes of trace time (forecaster/selection.py), as the server does every `refit_every_seconds`
+(300 s by default; the backtest's default is an hour, to keep runs short on small machines).
 
 Scores: MASE (mean absolute error over the mean absolute one-step naive change of the whole
 series — the same scale for every model, so ratios between models are exact), sMAPE (%, 0/0 = 0),
@@ -65,7 +66,7 @@ def _p(values: list[float], q: float) -> float:
 def backtest(y: np.ndarray, step_seconds: float, horizons_minutes: list[float], models: list[str],
              num_origins: int = 200, min_train: int | None = None, max_window: int | None = None,
              season_steps: int | None = None, interval: float = 0.9, selected_candidates=("level", "naive", "holt_winters"),
-             plot_horizon_minutes: float = 5.0, progress=None) -> BacktestResult:
+             plot_horizon_minutes: float = 5.0, reselect_minutes: float = 60.0, progress=None) -> BacktestResult:
     y = np.asarray(y, dtype=float)
     n = len(y)
     steps_of = {h: max(1, math.ceil(h * 60.0 / step_seconds)) for h in horizons_minutes}
@@ -78,6 +79,9 @@ def backtest(y: np.ndarray, step_seconds: float, horizons_minutes: list[float], 
         raise ValueError(f"series of {n} points is too short for {min_train} training points and a "
                          f"{max_h}-step horizon; use a finer --resolution or shorter --horizons")
     origins = np.unique(np.linspace(min_train, last_origin, min(num_origins, last_origin - min_train + 1)).astype(int))
+    spacing = (origins[-1] - origins[0]) / max(1, len(origins) - 1) if len(origins) > 1 else 1.0
+    # The selector re-chooses every `reselect_minutes` of trace time (at least every origin).
+    reselect_every = max(1, round(reselect_minutes * 60.0 / (step_seconds * max(spacing, 1.0))))
     scale = float(np.mean(np.abs(np.diff(y))))
     if scale <= 0:
         raise ValueError("the series is constant: MASE is undefined")
@@ -99,7 +103,7 @@ def backtest(y: np.ndarray, step_seconds: float, horizons_minutes: list[float], 
                 for h in sorted(set(steps_of.values())):
                     sel = selectors.setdefault(h, ModelSelector(
                         [make_model(m, interval, season_steps) for m in selected_candidates], h,
-                        fit_timeout=30.0, reselect_every=max(1, len(origins) // 20), min_points=5))
+                        fit_timeout=30.0, reselect_every=reselect_every, min_points=5))
                     t0 = time.perf_counter()
                     fcs[h] = sel.forecast(train, end_index=int(o))
                     fit_s.append(time.perf_counter() - t0)

@@ -55,6 +55,7 @@ def run_backtest(args: argparse.Namespace) -> int:
         try:
             result = backtest(y, step, horizons, models, num_origins=args.origins, season_steps=season,
                               max_window=args.max_window, plot_horizon_minutes=args.plot_horizon,
+                              reselect_minutes=args.reselect_minutes,
                               progress=lambda: progress.advance(task))
         except ValueError as exc:
             raise UsageError(str(exc)) from None
@@ -103,6 +104,8 @@ def register(registry) -> None:
     p.add_argument("--models", default=DEFAULT_MODELS, help=f"comma-separated (default {DEFAULT_MODELS})")
     p.add_argument("--origins", type=int, default=200, help="rolling origins evaluated (default 200)")
     p.add_argument("--max-window", type=int, default=None, help="fit on at most this many points before each origin")
+    p.add_argument("--reselect-minutes", type=float, default=60.0,
+                   help="trace minutes between model re-selections of 'selected' (default 60; the server: 5)")
     p.add_argument("--plot-horizon", type=float, default=5.0, help="horizon (minutes) drawn in the PNG (default 5)")
     p.add_argument("--timing-points", type=int, default=5760,
                    help="also time fit+predict on a history this long (default 5760 = 24 h at 15 s; 0 = skip)")

@@ -6,9 +6,9 @@ history (empirical quantiles: they need no distributional assumption and are che
 
 - `naive`: the last value (the reactive signal, and the fallback of last resort);
 - `seasonal_naive`: the value one season ago;
-- `level`: ours — an exponentially weighted level, with the smoothing constant picked for the
-  horizon on the history, times a daily profile when two seasons of history exist. numpy only,
-  a few milliseconds on a day at 15 s;
+- `level`: ours (forecaster/level.py) — exponentially weighted levels, rolling medians and
+  Holt trends, the one with the lowest h-step error on the history picked per horizon, times a
+  daily profile when two seasons of history exist. numpy/scipy only, milliseconds on a day at 15 s;
 - `holt_winters`: statsmodels ExponentialSmoothing, additive trend, additive season when two
   seasons of history exist (as the predictive-horizontal-pod-autoscaler's Holt-Winters);
 - `arima`: statsmodels ARIMA, the order picked by AIC among a few (as NVIDIA Dynamo's planner
@@ -23,8 +23,6 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
-from scipy.signal import lfilter
 
 
 @dataclass
@@ -121,120 +119,6 @@ class SeasonalNaive(Model):
         return Fitted(self.name, mean, mean + lo, mean + hi)
 
 
-def detect_period(y: np.ndarray, min_lag: int = 2, max_lag: int | None = None, min_acf: float = 0.2) -> int | None:
-    """The lag with the highest autocorrelation if it is clearly positive and seen >= 3 times."""
-    n = len(y)
-    max_lag = min(max_lag or n // 3, n // 3)
-    if max_lag < min_lag:
-        return None
-    z = y - y.mean()
-    denom = float(np.dot(z, z))
-    if denom <= 0:
-        return None
-    acf = np.array([np.dot(z[:-k], z[k:]) / denom for k in range(min_lag, max_lag + 1)])
-    best = int(np.argmax(acf))
-    # 2/sqrt(n) is the usual white-noise band; min_acf keeps weak echoes out.
-    if acf[best] < max(min_acf, 2.0 / np.sqrt(n)):
-        return None
-    return best + min_lag
-
-
-def _profile(y: np.ndarray, m: int, max_cycles: int = 7) -> np.ndarray:
-    """Multiplicative profile per phase of the season (mean 1), from the last whole cycles.
-
-    Index j of the result belongs to point n-k+j (k = whole cycles used), so the phase of any
-    time t is (t - (n-k)) % m.
-    """
-    n = len(y)
-    k = min(n // m, max_cycles) * m
-    block = y[n - k:].reshape(-1, m)
-    shape = block.mean(axis=0)
-    if m >= 24:
-        # Smooth long profiles a little (circular 3-point mean): phases are noisy at fine resolution.
-        shape = (np.roll(shape, 1) + shape + np.roll(shape, -1)) / 3.0
-    total = shape.mean()
-    if total <= 0:
-        return np.ones(m)
-    shape = np.maximum(shape / total, 0.05)
-    return shape / shape.mean()
-
-
-class Level(Model):
-    """EWMA level (× daily profile when the history has two seasons); alpha chosen per horizon."""
-
-    name = "level"
-    ALPHAS = np.array([0.02, 0.04, 0.07, 0.1, 0.15, 0.2, 0.3, 0.4, 0.55, 0.7, 0.85, 1.0])
-    MEDIAN_WINDOWS = (5, 10, 20, 40)
-
-    def __init__(self, interval: float = 0.9, season: int | None = None, max_points: int = 4000,
-                 auto_period: bool = False, max_auto_period: int = 120):
-        super().__init__(interval, season)
-        self.max_points = max_points
-        # A short cycle found by autocorrelation (batch jobs every few minutes) is tried too.
-        self.auto_period = auto_period
-        self.max_auto_period = max_auto_period
-
-    def _season_options(self, y: np.ndarray) -> list[int | None]:
-        options: list[int | None] = [None]
-        if self.has_season(y):
-            options.append(self.season)
-        if self.auto_period:
-            p = detect_period(y[-min(len(y), 600):], max_lag=self.max_auto_period)
-            if p is not None and p not in options and len(y) >= 3 * p:
-                options.append(p)
-        return options
-
-    def fit(self, y, steps):
-        y = np.asarray(y, dtype=float)[-self.max_points:]
-        best = None
-        for m in self._season_options(y):
-            got = self._fit_one(y, steps, m)
-            if best is None or got[0] < best[0]:
-                best = got
-        return best[1]
-
-    def _fit_one(self, y, steps, m):
-        """Returns (in-sample MAE averaged over horizons, Fitted) for season m (None = none)."""
-        n = len(y)
-        if m is not None:
-            k = min(n // m, 7) * m
-            shape = _profile(y, m)
-            season_of = lambda t: shape[(np.asarray(t) - (n - k)) % m]  # noqa: E731
-        else:
-            season_of = lambda t: np.ones_like(np.asarray(t), dtype=float)  # noqa: E731
-        s = season_of(np.arange(n))
-        d = y / s
-        levels = np.empty((len(self.ALPHAS) + len(self.MEDIAN_WINDOWS), n))
-        for i, a in enumerate(self.ALPHAS):
-            # level_t = a*d_t + (1-a)*level_{t-1}, started at d_0
-            zi = np.array([(1 - a) * d[0]])
-            levels[i] = lfilter([a], [1, -(1 - a)], d, zi=zi)[0]
-        # Rolling medians: bursty arrivals are skewed, and the median is what minimises absolute
-        # error; each uses only points up to t, so its in-sample errors are out-of-sample.
-        for j, w in enumerate(self.MEDIAN_WINDOWS):
-            levels[len(self.ALPHAS) + j] = pd.Series(d).rolling(w, min_periods=1).median().to_numpy()
-        mean, lower, upper = np.zeros(steps), np.zeros(steps), np.zeros(steps)
-        warm = min(n // 4, 50)
-        score = 0.0  # mean over horizons of the best in-sample MAE
-        for h in range(1, steps + 1):
-            t = np.arange(warm, n - h)
-            if len(t) >= 5:
-                preds = levels[:, t] * season_of(t + h)
-                errs = y[t + h][None, :] - preds
-                maes = np.mean(np.abs(errs), axis=1)
-                best = int(np.argmin(maes))
-                score += float(maes[best]) / steps
-                q_lo, q_hi = _quantiles(errs[best], self.interval)
-            else:
-                best = len(self.ALPHAS) - 1  # alpha 1: the last value
-                sd1 = float(np.std(np.diff(y))) if n > 2 else 0.0
-                q_lo, q_hi = -1.645 * sd1 * np.sqrt(h), 1.645 * sd1 * np.sqrt(h)
-            mean[h - 1] = levels[best, -1] * season_of(n - 1 + h)
-            lower[h - 1], upper[h - 1] = mean[h - 1] + q_lo, mean[h - 1] + q_hi
-        name = self.name if m is None else f"{self.name}[period={m}]"
-        return score, Fitted(name, mean, lower, upper)
-
-
 class Linear(Model):
     """Least-squares line over the last `window` points, extrapolated (PHPA's linear regression)."""
 
@@ -321,10 +205,13 @@ class Arima(Model):
         return Fitted(self.name, np.asarray(fc.predicted_mean, dtype=float), conf[:, 0], conf[:, 1])
 
 
-MODELS = {cls.name: cls for cls in (Naive, SeasonalNaive, Level, Linear, HoltWinters, Arima)}
+MODELS = ("level", "naive", "seasonal_naive", "holt_winters", "arima", "linear")
 
 
 def make_model(name: str, interval: float = 0.9, season: int | None = None) -> Model:
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")
-    return MODELS[name](interval=interval, season=season)
+    from forecaster.level import Level  # its own module, built on the classes above
+
+    classes = {cls.name: cls for cls in (Naive, SeasonalNaive, Level, Linear, HoltWinters, Arima)}
+    if name not in classes:
+        raise ValueError(f"unknown model {name!r}; choose one of {sorted(classes)}")
+    return classes[name](interval=interval, season=season)

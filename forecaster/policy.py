@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from forecaster.capacity import OnlineCapacity
-from forecaster.models import Level, Model, Naive, make_model
+from forecaster.models import Model, make_model
 from forecaster.selection import ModelSelector
 from forecaster.series import GaugeSeries, RateSeries
 
@@ -60,6 +60,7 @@ class PolicyConfig:
     models: tuple[str, ...] = ("level", "naive", "holt_winters")  # candidates for selection
     season_seconds: float | None = 86400.0  # daily season once two days of history exist
     prior_capacity_rps: float = 1.0         # learning online: used until anything is observed
+    background_selection: bool = False      # re-select models in a thread (the server); False = reproducible
 
     def validate(self) -> None:
         for name in ("step_seconds", "horizon_seconds", "refit_every_seconds", "fit_timeout_seconds",
@@ -144,7 +145,8 @@ class ForecastPolicy:
         season = round(config.season_seconds / step) if config.season_seconds else None
         candidates: list[Model] = [make_model(name, config.interval, season) for name in config.models]
         self.selector = ModelSelector(candidates, config.horizon_steps, config.fit_timeout_seconds,
-                                      reselect_every=max(1, round(config.refit_every_seconds / step)))
+                                      reselect_every=max(1, round(config.refit_every_seconds / step)),
+                                      background=config.background_selection)
         self.online = OnlineCapacity(prior_rps=config.prior_capacity_rps)
         self._recommendations: deque[tuple[float, int]] = deque()
         self._prev_in_flight: tuple[float, float] | None = None
@@ -243,4 +245,4 @@ class ForecastPolicy:
         self.selector.close()
 
 
-__all__ = ["FleetSample", "PolicyConfig", "Decision", "ForecastPolicy", "Level", "Naive"]
+__all__ = ["FleetSample", "PolicyConfig", "Decision", "ForecastPolicy"]

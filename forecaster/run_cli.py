@@ -71,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
                               capacity_rps=_capacity(args), target_queue=args.target_queue,
                               min_replicas=args.min_replicas, max_replicas=args.max_replicas,
                               scale_down_window_seconds=args.scale_down_window, fit_timeout_seconds=args.fit_timeout,
-                              models=tuple(m.strip() for m in args.models.split(",") if m.strip()))
+                              models=tuple(m.strip() for m in args.models.split(",") if m.strip()),
+                              background_selection=True)
         policy = ForecastPolicy(config)
     except ValueError as exc:
         raise UsageError(str(exc)) from None

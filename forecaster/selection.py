@@ -69,7 +69,7 @@ class ModelSelector:
 
     def __init__(self, candidates: list[Model], steps: int, fit_timeout: float = 2.0,
                  reselect_every: int = 20, num_origins: int = 12, min_points: int = 20,
-                 stale_steps: int | None = None, margin: float = 0.1):
+                 stale_steps: int | None = None, margin: float = 0.1, background: bool = False):
         if not candidates:
             raise ValueError("at least one candidate model is needed")
         if steps < 1:
@@ -87,6 +87,11 @@ class ModelSelector:
         self._calls = 0
         self._last_good: tuple[Fitted, int] | None = None  # fitted, end index when fitted
         self.status = SelectorStatus(self.chosen, "naive")
+        # background=True: re-selection (many fits) runs in its own thread, so a forecast never
+        # waits for it; the choice changes when it finishes. False keeps runs reproducible.
+        self.background = background
+        self._select_pool = ThreadPoolExecutor(1, thread_name_prefix="forecast-select") if background else None
+        self._selecting = None
 
     def select(self, y: np.ndarray) -> str:
         """Rolling-origin backtest of every candidate at the horizon on the recent history."""
@@ -101,7 +106,9 @@ class ModelSelector:
             errs = []
             try:
                 for o in origins:
-                    fc = self.fitter.fit(model, y[:o], h).forecast(h)
+                    # In the background thread a fit may take its time; in line it is bounded.
+                    fitted = model.fit(y[:o], h) if self.background else self.fitter.fit(model, y[:o], h)
+                    fc = fitted.forecast(h)
                     errs.append(abs(fc.mean[-1] - y[o + h - 1]))
             except Exception as exc:  # noqa: BLE001 - a candidate that cannot fit is not chosen
                 self.status.last_error = f"selection: {name}: {exc}"
@@ -114,7 +121,7 @@ class ModelSelector:
             # clear win, so selection does not chase noise.
             if default in scores and scores[best] > (1.0 - self.margin) * scores[default]:
                 best = default
-            self.chosen = best
+            self.chosen = best  # one str assignment: atomic for readers in other threads
         return self.chosen
 
     def forecast(self, y: np.ndarray, end_index: int | None = None) -> Forecast:
@@ -128,7 +135,10 @@ class ModelSelector:
             self.status.source = "naive"
             return Naive().fit(y, self.steps).forecast(self.steps)
         if self._calls % self.reselect_every == 0:
-            self.select(y)
+            if not self.background:
+                self.select(y)
+            elif self._selecting is None or self._selecting.done():
+                self._selecting = self._select_pool.submit(self.select, y.copy())
         self._calls += 1
         self.status.chosen = self.chosen
         model = self.candidates[self.chosen]
@@ -163,3 +173,5 @@ class ModelSelector:
 
     def close(self) -> None:
         self.fitter.close()
+        if self._select_pool is not None:
+            self._select_pool.shutdown(wait=False, cancel_futures=True)

@@ -112,3 +112,26 @@ def test_selection_picks_the_candidate_with_lower_backtest_error():
 
     sel = ModelSelector([Constant(), Naive()], steps=2, fit_timeout=1.0, min_points=5)
     assert sel.select(Y) == "naive"
+
+
+def test_background_selection_never_delays_a_forecast():
+    class SlowToScore(Flaky):
+        """Fits fast on the whole history, slowly on the selection's shorter histories."""
+        name = "slow_to_score"
+
+        def fit(self, y, steps):
+            if len(y) < len(Y):
+                time.sleep(0.3)
+            return super().fit(y, steps)
+
+    sel = ModelSelector([Naive(), SlowToScore()], steps=2, fit_timeout=1.0, min_points=5, num_origins=4,
+                        background=True)
+    started = time.perf_counter()
+    fc = sel.forecast(Y)
+    # The selection (4 origins × 0.3 s for one candidate) runs in its thread; the forecast uses
+    # the current choice (naive) at once.
+    assert time.perf_counter() - started < 0.25
+    assert fc.mean.tolist() == [40.0, 40.0]
+    sel._selecting.result(timeout=5)
+    assert sel.chosen == "naive"  # naive is exact-ish on a ramp; the constant 7 is far off
+    sel.close()
