@@ -1,0 +1,33 @@
+"""The Dockerfile builds the image the chart runs. No Docker engine exists on these machines, so
+the image is not built here; these checks hold the Dockerfile and the chart to each other."""
+
+from __future__ import annotations
+
+import re
+
+from tests.helm.chart import FULLNAME, container, one, render
+from tests.support import REPO_ROOT
+
+DOCKERFILE = (REPO_ROOT / "Dockerfile").read_text()
+
+
+def test_base_image_and_cpu_torch_pin():
+    assert re.search(r"^FROM python:3\.11-slim$", DOCKERFILE, flags=re.M)
+    # Exactly torch 2.13.0 from the CPU index: a loose pin would pull a multi-GB CUDA build.
+    assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in DOCKERFILE
+
+
+def test_image_user_matches_the_chart_and_is_not_root():
+    (user,) = re.findall(r"^USER (\d+):(\d+)$", DOCKERFILE, flags=re.M)
+    assert user != ("0", "0")
+    pod = one(render(), "Deployment", FULLNAME)["spec"]["template"]["spec"]["securityContext"]
+    assert (str(pod["runAsUser"]), str(pod["runAsGroup"])) == user
+
+
+def test_entrypoint_is_the_command_the_chart_runs():
+    assert re.search(r'^ENTRYPOINT \["goodput"\]$', DOCKERFILE, flags=re.M)
+    dep = one(render(), "Deployment", FULLNAME)
+    assert container(dep, "sidecar")["command"] == ["goodput"]
+    # Every package the CLI loads commands from is copied into the image.
+    for package in ("goodput_cli", "engine", "sidecar", "forecaster", "dashboards"):
+        assert f"COPY {package} ./{package}" in DOCKERFILE

@@ -1,0 +1,96 @@
+"""The chart renders for its defaults and every ci/ values file, lints clean, and every manifest is
+valid: built-in kinds against the Kubernetes schemas, CRD objects by their documented structure."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import helm_python
+import kubernetes_validate
+import pytest
+import yaml
+
+from dashboards import generate
+from tests.helm.chart import CHART, CI_VALUES, kinds, render, render_raw, values_of
+
+# 1.30 is the chart's kubeVersion floor (preStop sleep actions); 1.35 a current release.
+KUBE_VERSIONS = ["1.30.0", "1.35.0"]
+CRDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): ["selector", "endpoints"],
+    ("monitoring.coreos.com/v1", "PodMonitor"): ["selector", "podMetricsEndpoints"],
+    ("monitoring.coreos.com/v1", "PrometheusRule"): ["groups"],
+    ("keda.sh/v1alpha1", "ScaledObject"): ["scaleTargetRef", "triggers"],
+}
+VALUES = [None, *CI_VALUES]
+
+
+@pytest.mark.parametrize("values", VALUES)
+def test_every_manifest_is_valid(values):
+    objects = render(values)
+    assert objects
+    for obj in objects:
+        key = (obj["apiVersion"], obj["kind"])
+        if key in CRDS:
+            # Not in kubernetes-validate's schemas: check the fields the operators require.
+            assert set(CRDS[key]) <= set(obj["spec"]), f"{obj['kind']} lacks {CRDS[key]}"
+            continue
+        for version in KUBE_VERSIONS:
+            kubernetes_validate.validate(obj, version, strict=True)
+
+
+@pytest.mark.parametrize("values", VALUES)
+def test_lint_is_clean(values):
+    # strict: warnings count as errors; info messages too would show up in `messages`.
+    report = helm_python.lint(CHART, values_of(values), strict=True, kube_version="v1.30.0")
+    assert report["errors"] == [] and report["messages"] == [], report
+
+
+def test_default_render_has_serving_and_forecaster_only():
+    # Optional features are off by default: no HPA, APIService, monitors, rules or dashboards.
+    assert kinds(render()) == ["ConfigMap", "Deployment", "Deployment", "PodDisruptionBudget", "Role",
+                               "RoleBinding", "Service", "Service", "ServiceAccount"]
+
+
+@pytest.mark.parametrize("values, expected", [
+    ("autoscaling-builtin-values.yaml", {"APIService", "HorizontalPodAutoscaler", "Secret", "ClusterRole", "ClusterRoleBinding"}),
+    ("autoscaling-keda-values.yaml", {"ScaledObject", "ServiceMonitor"}),
+    ("autoscaling-prometheus-adapter-values.yaml", {"HorizontalPodAutoscaler", "ServiceMonitor"}),
+    ("monitoring-values.yaml", {"ServiceMonitor", "PrometheusRule"}),
+    ("podmonitor-values.yaml", {"PodMonitor"}),
+])
+def test_each_feature_file_adds_its_objects(values, expected):
+    added = set(kinds(render(values))) - set(kinds(render()))
+    assert expected <= added, added
+
+
+def test_schema_rejects_bad_values():
+    chart = helm_python.Chart.load(CHART)
+    with pytest.raises(helm_python.HelmValuesError, match="mode"):
+        chart.validate_schema({"autoscaling": {"mode": "hpa"}})
+    with pytest.raises(helm_python.HelmValuesError, match="objective"):
+        chart.validate_schema({"slo": {"classes": [{"name": "x", "ttft": 1, "tpot": 0.1, "objective": 1.5}]}})
+    with pytest.raises(helm_python.HelmValuesError, match="unknown|additional"):
+        chart.validate_schema({"servng": {}})
+    chart.validate_schema(values_of("slo-classes-values.yaml"))
+
+
+def test_prometheus_source_without_url_fails_with_what_to_set():
+    with pytest.raises(helm_python.HelmError, match="forecaster.prometheusUrl is required"):
+        render_raw({"forecaster": {"source": "prometheus"}})
+
+
+def test_chart_reads_the_generated_files_not_a_copy():
+    # files/ is a link to dashboards/generated, so the chart always ships what the generators wrote.
+    assert (CHART / "files").is_symlink()
+    assert (CHART / "files").resolve() == generate.GENERATED
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed: apt-get install prometheus")
+def test_rendered_prometheus_rule_passes_promtool(tmp_path):
+    rule = next(o for o in render("monitoring-values.yaml") if o["kind"] == "PrometheusRule")
+    path = tmp_path / "groups.yaml"
+    path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    proc = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUCCESS: 32 rules found" in proc.stdout

@@ -1,0 +1,177 @@
+"""How the rendered pieces find each other: names, ports, labels, flags and certificates agree.
+
+Container arguments are parsed with goodput's own command-line parser, so a flag the chart passes
+that the sidecar, engine or forecaster does not have fails here, not in a cluster.
+"""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+from cryptography import x509
+
+from goodput_cli.main import build_parser
+from tests.helm.chart import FORECASTER, FULLNAME, NAMESPACE, container, one, render
+
+
+def _args(c: dict):
+    assert c["command"] == ["goodput"]
+    return build_parser().parse_args(c["args"])
+
+
+def _serving(objects):
+    return one(objects, "Deployment", FULLNAME)
+
+
+def test_client_service_points_at_the_sidecar():
+    objects = render()
+    svc, dep = one(objects, "Service", FULLNAME), _serving(objects)
+    pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+    assert dep["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"]
+    sidecar_ports = {p["name"]: p["containerPort"] for p in container(dep, "sidecar")["ports"]}
+    assert [p["targetPort"] for p in svc["spec"]["ports"]] == ["http"] and sidecar_ports == {"http": 8080}
+
+
+def test_sidecar_flags_parse_and_reach_the_engine():
+    dep = _serving(render())
+    args = _args(container(dep, "sidecar"))
+    engine_port = container(dep, "engine")["ports"][0]["containerPort"]
+    assert (args.command, args.subcommand) == ("sidecar", "run")
+    assert args.upstream == f"http://127.0.0.1:{engine_port}"
+    assert (args.host, args.port, args.drain_timeout) == ("0.0.0.0", 8080, 30.0)
+    assert str(args.slo_config) == "/etc/goodput/slo.yaml"
+    engine = _args(container(dep, "engine"))
+    assert (engine.command, engine.subcommand, engine.model, engine.port) == ("engine", "serve", "smollm2", engine_port)
+
+
+def test_probes_and_drain_timing():
+    dep = _serving(render())
+    sidecar, engine = container(dep, "sidecar"), container(dep, "engine")
+    assert sidecar["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert sidecar["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    # Sidecar: 5 s for endpoint removal, then SIGTERM starts its 30 s drain. The engine must live
+    # through both (35 s), and the kubelet must wait longer still: 5 + 30 + 10 = 45 s.
+    assert sidecar["lifecycle"]["preStop"]["sleep"]["seconds"] == 5
+    assert engine["lifecycle"]["preStop"]["sleep"]["seconds"] == 35
+    assert dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 45
+
+
+def test_pods_are_locked_down_and_resources_left_to_the_user():
+    for dep in (o for o in render("autoscaling-builtin-values.yaml") if o["kind"] == "Deployment"):
+        spec = dep["spec"]["template"]["spec"]
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        for c in spec["containers"]:
+            sc = c["securityContext"]
+            assert (sc["allowPrivilegeEscalation"], sc["readOnlyRootFilesystem"], sc["capabilities"]) == \
+                (False, True, {"drop": ["ALL"]}), c["name"]
+            assert c["resources"] == {}, c["name"]
+
+
+def test_pdb_covers_the_serving_pods():
+    objects = render()
+    pdb = one(objects, "PodDisruptionBudget")
+    assert pdb["spec"] == {"maxUnavailable": 1, "selector": _serving(objects)["spec"]["selector"]}
+
+
+def test_forecaster_scrapes_the_serving_service_with_least_privilege():
+    objects = render()
+    dep = one(objects, "Deployment", FORECASTER)
+    args = _args(container(dep, "forecaster"))
+    assert (args.kube_service, args.kube_namespace, args.kube_port_name) == (FULLNAME, NAMESPACE, "http")
+    assert one(objects, "Service", FULLNAME)["spec"]["ports"][0]["name"] == args.kube_port_name
+    assert args.api_port == 0  # no External Metrics API unless autoscaling.mode is builtin
+    role = one(objects, "Role")
+    assert role["rules"] == [
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["apps"], "resources": ["deployments/scale"], "resourceNames": [FULLNAME], "verbs": ["get"]},
+    ]
+    binding = one(objects, "RoleBinding")
+    sa = dep["spec"]["template"]["spec"]["serviceAccountName"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}]
+    assert one(objects, "ServiceAccount")["metadata"]["name"] == sa
+
+
+def test_builtin_mode_apiservice_tls_and_hpa():
+    objects = render("autoscaling-builtin-values.yaml")
+    api = one(objects, "APIService")
+    assert api["metadata"]["name"] == "v1beta1.external.metrics.k8s.io"
+    assert api["spec"]["service"] == {"name": FORECASTER, "namespace": NAMESPACE, "port": 443}
+    svc = one(objects, "Service", FORECASTER)
+    https = next(p for p in svc["spec"]["ports"] if p["port"] == 443)
+    dep = one(objects, "Deployment", FORECASTER)
+    c = container(dep, "forecaster")
+    args = _args(c)
+    assert {p["name"]: p["containerPort"] for p in c["ports"]}[https["targetPort"]] == args.api_port == 8443
+    # The certificate the forecaster serves is signed by the CA the APIService pins, for its DNS name.
+    secret = one(objects, "Secret")
+    assert secret["type"] == "kubernetes.io/tls"
+    assert api["spec"]["caBundle"] == secret["data"]["ca.crt"]
+    ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    cert.verify_directly_issued_by(ca)
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert f"{FORECASTER}.{NAMESPACE}.svc" in names
+    volume = next(v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls")
+    assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+    assert (args.tls_cert_file, args.tls_private_key_file) == ("/etc/goodput/tls/tls.crt", "/etc/goodput/tls/tls.key")
+    # The auth-delegator bindings name the forecaster's service account.
+    sa = dep["spec"]["template"]["spec"]["serviceAccountName"]
+    delegator = one(objects, "ClusterRoleBinding", f"{FORECASTER}:system:auth-delegator")
+    assert delegator["subjects"][0]["name"] == sa and delegator["roleRef"]["name"] == "system:auth-delegator"
+    reader = one(objects, "RoleBinding", f"{FORECASTER}-auth-reader")
+    assert reader["metadata"]["namespace"] == "kube-system"
+    assert reader["roleRef"]["name"] == "extension-apiserver-authentication-reader"
+    # HPA: the External metric with AverageValue 1 lands on desired replicas; up fast, down slowly.
+    hpa = one(objects, "HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": FULLNAME}
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 8) == (args.min_replicas, args.max_replicas)
+    assert hpa["spec"]["metrics"] == [{"type": "External", "external": {
+        "metric": {"name": "goodput_desired_replicas"}, "target": {"type": "AverageValue", "averageValue": "1"}}}]
+    assert hpa["spec"]["behavior"]["scaleUp"]["stabilizationWindowSeconds"] == 0
+    assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 300
+    # The HPA owns the replica count: the Deployment must not set one.
+    assert "replicas" not in one(objects, "Deployment", FULLNAME)["spec"]
+
+
+def test_builtin_mode_with_an_existing_secret():
+    objects = render("autoscaling-builtin-secret-values.yaml")
+    assert [o for o in objects if o["kind"] == "Secret"] == []
+    assert one(objects, "APIService")["spec"]["caBundle"].startswith("LS0tLS1CRUdJTi")
+    dep = one(objects, "Deployment", FORECASTER)
+    volume = next(v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls")
+    assert volume["secret"]["secretName"] == "goodput-forecaster-tls"
+
+
+def test_keda_mode_scaled_object():
+    objects = render("autoscaling-keda-values.yaml")
+    assert [o for o in objects if o["kind"] == "HorizontalPodAutoscaler"] == []  # KEDA makes it
+    so = one(objects, "ScaledObject")
+    assert so["spec"]["scaleTargetRef"]["name"] == FULLNAME
+    assert (so["spec"]["minReplicaCount"], so["spec"]["maxReplicaCount"]) == (1, 6)
+    (trigger,) = so["spec"]["triggers"]
+    assert (trigger["type"], trigger["metricType"], trigger["metadata"]["threshold"]) == ("prometheus", "AverageValue", "1")
+    assert trigger["metadata"]["query"] == f'max(goodput_desired_replicas{{namespace="{NAMESPACE}", pod=~"{FORECASTER}-.*"}})'
+    assert so["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 300
+
+
+def test_prometheus_adapter_mode():
+    objects = render("autoscaling-prometheus-adapter-values.yaml")
+    hpa = one(objects, "HorizontalPodAutoscaler")
+    assert hpa["spec"]["metrics"][0]["external"]["metric"]["name"] == "goodput_desired_replicas"
+    args = _args(container(one(objects, "Deployment", FORECASTER), "forecaster"))
+    assert args.prometheus == "http://prometheus-operated.monitoring.svc:9090" and args.kube_service is None
+
+
+@pytest.mark.parametrize("values", ["engine-vllm-values.yaml", "engine-sglang-values.yaml"])
+def test_other_engines_keep_the_sidecar_in_front(values):
+    dep = _serving(render(values))
+    engine = container(dep, "engine")
+    assert not engine["image"].startswith("ghcr.io/goodput/")
+    assert _args(container(dep, "sidecar")).upstream == "http://127.0.0.1:8000"
+    assert engine["resources"] == {"limits": {"nvidia.com/gpu": 1}}
+    mounts = {m["name"] for m in engine["volumeMounts"]}
+    volumes = {v["name"] for v in dep["spec"]["template"]["spec"]["volumes"]}
+    assert mounts <= volumes
