@@ -21,7 +21,9 @@ import asyncio
 import json
 import os
 import shutil
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -119,10 +121,13 @@ def test_live_prometheus_evaluates_every_query_and_rule(start_server, tmp_path):
         # The preview renders from the same Prometheus; GOODPUT_PREVIEW_OUT=docs/dashboards refreshes
         # the README's pictures.
         out = REPO_ROOT / os.environ["GOODPUT_PREVIEW_OUT"] if os.environ.get("GOODPUT_PREVIEW_OUT") else tmp_path / "png"
-        from dashboards.preview import render_all
-        paths = render_all(prom.url, generate.GENERATED, out, range_seconds=window, rate_interval=RATE_INTERVAL)
+        proc = subprocess.run(goodput_command("dashboards", "preview", "--prometheus", prom.url, "--out", str(out),
+                                              "--range", str(max(60, window)), "--rate-interval", RATE_INTERVAL),
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        paths = [Path(line) for line in proc.stdout.split()]
         assert sorted(p.name for p in paths) == sorted(f"{uid}.png" for uid in generate.DASHBOARDS)
-        assert all(p.stat().st_size > 20_000 for p in paths)
+        assert all(p.stat().st_size > 20_000 for p in paths)  # a grid of drawn panels, not an empty figure
     finally:
         prom.close()
         ksm.close()
