@@ -119,6 +119,10 @@ class Sidecar:
             if kind is not None:
                 return await self._measured(request, kind)
             return await self._passthrough(request)
+        except ConnectionResetError:
+            # The client went away while we wrote (already accounted as cancelled); end the
+            # handler the way aiohttp ends one it cancels, instead of logging a 500.
+            raise asyncio.CancelledError() from None
         finally:
             self._tasks.discard(task)
             self._active -= 1
