@@ -126,6 +126,11 @@ class Level(Model):
                 sd1 = float(np.std(np.diff(y))) if n > 2 else 0.0
                 q_lo, q_hi = -1.645 * sd1 * np.sqrt(h), 1.645 * sd1 * np.sqrt(h)
                 score = float("inf")
+            if h > 1:
+                # Uncertainty does not shrink with the horizon; a thin tail of h-step errors
+                # (few long-horizon errors in a short history) must not narrow the interval.
+                q_lo, q_hi = min(q_lo, lo_prev), max(q_hi, hi_prev)
+            lo_prev, hi_prev = q_lo, q_hi
             mean[h - 1] = (levels[best, -1] + damp[h - 1] * trends[best, -1]) * season_of(n - 1 + h)
             lower[h - 1], upper[h - 1] = mean[h - 1] + q_lo, mean[h - 1] + q_hi
         name = self.name if m is None else f"{self.name}[daily]"
