@@ -20,15 +20,17 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
-from dashboards import generate, rules
+from dashboards import contract, generate, rules
 from dashboards.preview import Prometheus, panel_queries
 from goodput_cli.main import build_parser
 from tests.dashboards import live_stack
@@ -89,6 +91,12 @@ def test_live_prometheus_evaluates_every_query_and_rule(start_server, tmp_path):
         time.sleep(4)  # a few more scrapes and rule evaluations after the last request
         end = time.time()
         window = int(end - start) + 1
+
+        if with_forecaster:
+            # The forecaster's exposition matches the contract's six forecaster metrics and types.
+            with urllib.request.urlopen(f"http://{targets['forecaster']}/metrics", timeout=10) as resp:
+                exposed = dict(re.findall(r"^# TYPE (goodput_\w+) (\w+)$", resp.read().decode(), flags=re.M))
+            assert exposed == {m.name: m.type for m in contract.by_source("forecaster")}
 
         # Every dashboard panel query returns data over the load window.
         missing = []
