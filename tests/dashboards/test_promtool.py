@@ -98,3 +98,21 @@ def test_every_alert_has_summary_description_runbook_and_readme_entry():
             assert ann["summary"] and ann["description"]
             assert ann["runbook_url"] == f"README.md#runbook-{rule['alert'].lower()}"
             assert rule["alert"] in headings, f"README.md has no '### Runbook: {rule['alert']}' section"
+
+
+@needs_promtool
+def test_every_dashboard_query_is_valid_promql(tmp_path):
+    # Without a live Prometheus: each panel query (variables expanded as Grafana's "All" does)
+    # becomes a recording rule, which promtool parses. The live test runs them for real.
+    import json
+
+    from dashboards.preview import panel_queries
+
+    records = [{"record": f"dashboard:query_{i}:check", "expr": q.expr}
+               for i, q in enumerate(q for uid in generate.DASHBOARDS
+                                     for q in panel_queries(json.loads((generate.GENERATED / f"{uid}.json").read_text())))]
+    path = tmp_path / "dashboard-queries.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard-queries", "rules": records}]}))
+    proc = promtool("check", "rules", str(path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"SUCCESS: {len(records)} rules found" in proc.stdout and len(records) == 57
