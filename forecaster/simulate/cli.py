@@ -21,6 +21,8 @@ def register(registry) -> None:
     p.add_argument("--profile", default="h100-70b", help="built-in profile (h100-70b, cpu-smollm2) or a profile JSON file")
     p.add_argument("--min-replicas", type=int, default=1)
     p.add_argument("--max-replicas", type=int, default=100)
+    p.add_argument("--scale-down-window", type=int, default=300,
+                   help="HPA behavior.scaleDown.stabilizationWindowSeconds for every HPA-driven policy (default 300, Kubernetes' default)")
     p.add_argument("--metric-delay", type=float, default=30.0, help="age in seconds of the metric the HPA reads (default 30)")
     p.add_argument("--rate-scale", type=float, default=1.0,
                    help="multiply the trace's arrival rate (Azure: each request replayed k times; ServeGen: every client's rate)")
@@ -66,7 +68,7 @@ def run_command(args: argparse.Namespace) -> int:
         loop = LoopConfig(cold_start_s=args.cold_start, metric_delay_s=args.metric_delay)
         if not 1 <= args.min_replicas <= args.max_replicas:
             raise ValueError(f"need 1 <= --min-replicas <= --max-replicas, got {args.min_replicas}..{args.max_replicas}")
-        limits = Limits(args.min_replicas, args.max_replicas)
+        limits = Limits(args.min_replicas, args.max_replicas, args.scale_down_window)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
 
@@ -99,7 +101,8 @@ def run_command(args: argparse.Namespace) -> int:
     results = [r.result.to_dict() for r in runs]
     setup = {"trace": str(trace_path), "profile": profile.to_dict(), "policies": names,
              "cold_start_s": args.cold_start, "metric_delay_s": args.metric_delay, "rate_scale": args.rate_scale,
-             "min_replicas": args.min_replicas, "max_replicas": args.max_replicas, "seed": args.seed,
+             "min_replicas": args.min_replicas, "max_replicas": args.max_replicas,
+             "scale_down_window_s": args.scale_down_window, "seed": args.seed,
              "wall_s": round(time.monotonic() - started, 1), **facts}
     print(title)
     print(f"SLO: TTFT <= {profile.slo.ttft_s:g} s and TPOT <= {profile.slo.tpot_s:g} s; "

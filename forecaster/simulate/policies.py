@@ -24,20 +24,23 @@ each one reproduces:
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass
 
 from forecaster.simulate.fleet import FleetView
-from forecaster.simulate.hpa import HpaSpec
+from forecaster.simulate.hpa import DEFAULT_SCALE_DOWN, HpaSpec, ScalingRules
 
 POLICY_NAMES = ("utilization", "queue-adapter", "queue-keda", "saturation", "goodput", "oracle")
 
 
 @dataclass(frozen=True)
 class Limits:
+    """What every HPA-driven policy shares: replica bounds and the scale-down stabilisation window
+    (Kubernetes' default 300 s unless set)."""
+
     min_replicas: int
     max_replicas: int
+    scale_down_window_s: int = 300
 
 
 class Policy:
@@ -54,7 +57,9 @@ class Policy:
         self._next_publish = 0.0
 
     def hpa_spec(self) -> HpaSpec | None:
-        return HpaSpec(self.target_type, self.target, self.limits.min_replicas, self.limits.max_replicas)
+        down = ScalingRules(self.limits.scale_down_window_s, DEFAULT_SCALE_DOWN.policies, DEFAULT_SCALE_DOWN.select_policy)
+        return HpaSpec(self.target_type, self.target, self.limits.min_replicas, self.limits.max_replicas,
+                       scale_down=down)
 
     def observe(self, view: FleetView, history: deque) -> None:
         if view.t + 1e-9 < self._next_publish:
@@ -199,7 +204,3 @@ def make_policy(name: str, limits: Limits, cold_start_s: float, capacity_rps: fl
     if name == "goodput":
         return Goodput(limits, cold_start_s, capacity_rps, **(goodput_overrides or {}))
     raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
-
-
-def ceil_div(a: float, b: float) -> int:
-    return math.ceil(a / b - 1e-9)

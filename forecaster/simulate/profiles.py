@@ -112,14 +112,37 @@ H100_70B = ServiceProfile(
 BUILTIN = {p.name: p for p in (CPU_SMOLLM2, H100_70B)}
 
 
+def profile_from_bench(bench: dict, name: str = "bench", base: ServiceProfile = CPU_SMOLLM2) -> ServiceProfile:
+    """A profile from a `goodput bench engine --json` result: step(b) fitted by least squares to its
+    decode points (batch, step_s), prefill from its prefill run; KV, batch limits and SLO from `base`."""
+    points = [(float(d["batch"]), float(d["step_s"])) for d in bench["engine_decode"]]
+    if len(points) < 2:
+        raise ValueError(f"bench result {name!r} needs decode step times at two or more batch sizes")
+    n = len(points)
+    mean_b = sum(b for b, _ in points) / n
+    mean_s = sum(s for _, s in points) / n
+    var = sum((b - mean_b) ** 2 for b, _ in points)
+    slope = max(0.0, sum((b - mean_b) * (s - mean_s) for b, s in points) / var) if var else 0.0
+    intercept = max(1e-4, mean_s - slope * mean_b)
+    return ServiceProfile(
+        name=name, prefill_tokens_per_s=float(bench["engine_prefill"]["tokens_per_s"]),
+        decode_base_s=intercept, decode_per_seq_s=slope, kv_capacity_tokens=base.kv_capacity_tokens,
+        max_batch=base.max_batch, step_token_budget=base.step_token_budget, slo=base.slo,
+        source=f"goodput bench engine result ({bench.get('model', '?')}): decode {points}, "
+               f"prefill {bench['engine_prefill']['tokens_per_s']:.0f} tok/s; KV, batch and SLO from {base.name}")
+
+
 def load_profile(name_or_path: str) -> ServiceProfile:
-    """A built-in profile by name, or a JSON file with ServiceProfile's fields (slo as {ttft_s, tpot_s})."""
+    """A built-in profile by name, a `goodput bench engine --json` result, or a JSON file with
+    ServiceProfile's fields (slo as {ttft_s, tpot_s})."""
     if name_or_path in BUILTIN:
         return BUILTIN[name_or_path]
     path = Path(name_or_path)
     if not path.is_file():
         raise ValueError(f"profile {name_or_path!r} is neither a built-in ({', '.join(sorted(BUILTIN))}) nor a JSON file")
     data = json.loads(path.read_text())
+    if "engine_decode" in data and "engine_prefill" in data:
+        return profile_from_bench(data, name=path.stem)
     try:
         slo = Slo(**data.pop("slo"))
         return ServiceProfile(slo=slo, **data)
