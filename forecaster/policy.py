@@ -194,7 +194,7 @@ class ForecastPolicy:
         last = self.history.last_sample
         mu = self.capacity_rps
         if last is None or len(self.history.rates["arrivals"].values()) == 0:
-            return Decision(max(cfg.min_replicas, 1 if cfg.min_replicas else 0), 0.0, 0.0, 0.0, 0.0, mu, "none")
+            return Decision(cfg.min_replicas, 0.0, 0.0, 0.0, 0.0, mu, "none")  # nothing observed yet
         arrivals = self.history.rates["arrivals"]
         y = arrivals.values()
         fc = self.selector.forecast(y, end_index=arrivals.series.last_index)

@@ -132,3 +132,16 @@ def test_sweep_capacity_from_file_or_folder(tmp_path):
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="knee.rate"):
         load_sweep_capacity(tmp_path / "bad.json")
+
+
+def test_a_real_fit_past_its_deadline_falls_back_to_the_reactive_signal():
+    # statsmodels ARIMA needs tens of milliseconds on 300 points; a 1 ms deadline cannot be met.
+    policy = ForecastPolicy(PolicyConfig(capacity_rps=1.0, models=("arima",), fit_timeout_seconds=0.001))
+    for k in range(300):
+        policy.observe(sample(k * 15.0, k * 15.0 * 3.0, ready=3))
+    d = policy.decide(300 * 15.0)
+    assert d.model_name == "naive(fallback)"
+    assert "longer than" in policy.selector.status.last_error
+    # The reactive signal: 3 req/s now at 1 req/s a replica.
+    assert d.arrival_rate_mean == pytest.approx(3.0) and d.desired_replicas >= 3
+    policy.close()
