@@ -66,9 +66,10 @@ class LlamaModel:
             })
         pos = torch.arange(max_len, dtype=torch.float32)
         freqs = torch.outer(pos, rope_inv_freq(cfg))
-        emb = torch.cat([freqs, freqs], dim=-1)
-        self.cos = emb.cos().to(device=device, dtype=dtype)
-        self.sin = emb.sin().to(device=device, dtype=dtype)
+        # rotate_half(x) * sin == roll(x, d/2) * [-sin, sin]: the sign is folded into the table
+        # so rotary is 4 ops on q and k together.
+        self.cos = torch.cat([freqs, freqs], dim=-1).cos().to(device=device, dtype=dtype)
+        self.sin = torch.cat([-freqs.sin(), freqs.sin()], dim=-1).to(device=device, dtype=dtype)
         self.scale = cfg.head_dim ** -0.5
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
@@ -80,29 +81,23 @@ class LlamaModel:
         return n + sum(x.numel() for layer in self.layers for x in layer.values())
 
     def _rms(self, x, weight):
-        var = x.pow(2).mean(-1, keepdim=True)
-        return x * torch.rsqrt(var + self.cfg.rms_norm_eps) * weight
-
-    def _rope(self, x, cos, sin):
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        return F.rms_norm(x, (x.shape[-1],), weight, self.cfg.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], logits_rows: torch.Tensor) -> torch.Tensor:
         """input_ids, positions: (T,). Returns logits (len(logits_rows), vocab)."""
         cfg = self.cfg
         T = input_ids.shape[0]
-        h = self.embed.index_select(0, input_ids)
+        h = F.embedding(input_ids, self.embed)
         cos = self.cos.index_select(0, positions)[:, None, :]
         sin = self.sin.index_select(0, positions)[:, None, :]
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             x = self._rms(h, layer["ln1"])
             qkv = x @ layer["qkv_t"]
-            q = qkv[:, : self.q_size].view(T, cfg.num_heads, cfg.head_dim)
-            k = qkv[:, self.q_size: self.q_size + self.kv_size].view(T, cfg.num_kv_heads, cfg.head_dim)
+            qk = qkv[:, : self.q_size + self.kv_size].view(T, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim)
+            qk = qk * cos + qk.roll(cfg.head_dim // 2, dims=-1) * sin
+            q, k = qk[:, : cfg.num_heads], qk[:, cfg.num_heads:]
             v = qkv[:, self.q_size + self.kv_size:].view(T, cfg.num_kv_heads, cfg.head_dim)
-            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
             attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
             h = h + attn.reshape(T, self.q_size) @ layer["o_t"]
             x = self._rms(h, layer["ln2"])

@@ -20,8 +20,9 @@ class ModelRunner:
         self.model = LlamaModel(cfg, state, max_model_len, device=device, dtype=dtype)
         slots = num_blocks * block_size
         # torch.empty: pages are touched only when used, so a large budget costs no start-up time.
-        self.kv_caches = [(torch.empty(slots, cfg.num_kv_heads, cfg.head_dim, device=device, dtype=dtype),
-                           torch.empty(slots, cfg.num_kv_heads, cfg.head_dim, device=device, dtype=dtype))
+        width = cfg.num_kv_heads * cfg.head_dim
+        self.kv_caches = [(torch.empty(slots, width, device=device, dtype=dtype),
+                           torch.empty(slots, width, device=device, dtype=dtype))
                           for _ in range(cfg.num_layers)]
         self.sampler = Sampler(seed)
 

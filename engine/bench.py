@@ -1,0 +1,253 @@
+"""`goodput bench engine`: the engine against its physical floors and against transformers.
+
+One run measures, side by side: memory read bandwidth and float32 matmul rate (the floors they
+imply for a decode step and a prefill), engine decode tokens/s at batch 1/8/32, engine prefill of
+a 1,024-token prompt, and transformers' generate at batch 1 and 8 on the same weights. Medians
+of repeats; every ratio printed; where a target is missed, a per-op profile says where time went.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+
+from goodput_cli.errors import UsageError
+
+DECODE_BATCHES = (1, 8, 32)
+HF_BATCHES = (1, 8)
+PROMPT_LEN = 64          # decode runs start from prompts this long
+PREFILL_LEN = 1024
+
+
+def measure_machine(quick: bool) -> dict:
+    """Memory read bandwidth (sum over 512 MB) and float32 matmul rate (2048^3), medians."""
+    import torch
+
+    n = 128 * 2**20  # floats = 512 MB
+    big = torch.ones(n)
+    big.sum()
+    reads = []
+    for _ in range(3 if quick else 7):
+        t = time.perf_counter()
+        big.sum()
+        reads.append(time.perf_counter() - t)
+    del big
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    a @ b
+    mms = []
+    for _ in range(3 if quick else 5):
+        t = time.perf_counter()
+        a @ b
+        mms.append(time.perf_counter() - t)
+    return {"memory_read_gb_s": n * 4 / statistics.median(reads) / 1e9,
+            "matmul_gflop_s": 2 * 2048**3 / statistics.median(mms) / 1e9}
+
+
+def _engine(folder, max_seqs=64):
+    from engine.config import EngineConfig
+    from engine.core import LLMEngine
+
+    cfg = EngineConfig(max_model_len=2048, max_num_seqs=max_seqs, max_num_batched_tokens=2048,
+                       kv_cache_memory=1024 * 2**20, num_threads=os.cpu_count() or 1)
+    return LLMEngine.from_folder(folder, cfg)
+
+
+def _prompts(engine, batch: int, length: int) -> list[list[int]]:
+    """Distinct prompts (no prefix-cache sharing between them) of exactly `length` tokens."""
+    base = engine.tokenizer.encode("The history of lighthouses begins with fires lit on hilltops to guide ships. " * 60)
+    return [[(t + 7919 * i) % 40000 + 100 for t in base[:length]] for i in range(batch)]
+
+
+def engine_decode(engine, batch: int, steps: int) -> dict:
+    """Median time of pure decode steps with `batch` running sequences."""
+    from engine.request import SamplingParams
+
+    engine.kv.pool.reset_prefix_cache()
+    params = SamplingParams(max_tokens=steps + 2, temperature=0, ignore_eos=True)
+    for i, p in enumerate(_prompts(engine, batch, PROMPT_LEN)):
+        engine.add_request(f"dec{batch}-{i}", p, params, detokenize=False)
+    times = []
+    while engine.has_work():
+        decoding = all(r.num_computed_tokens >= len(r.prompt_token_ids) for r in engine.scheduler.running) \
+            and len(engine.scheduler.running) == batch and not engine.scheduler.waiting
+        t = time.perf_counter()
+        engine.step()
+        if decoding:
+            times.append(time.perf_counter() - t)
+    step = statistics.median(times)
+    return {"batch": batch, "step_s": step, "tokens_per_s": batch / step, "steps_measured": len(times)}
+
+
+def engine_prefill(engine, repeats: int) -> dict:
+    from engine.request import SamplingParams
+
+    times = []
+    prompt = _prompts(engine, 1, PREFILL_LEN)[0]
+    for i in range(repeats + 1):
+        engine.kv.pool.reset_prefix_cache()  # a cache hit would skip the work we time
+        engine.add_request(f"pre-{i}", prompt, SamplingParams(max_tokens=1, temperature=0), detokenize=False)
+        t = time.perf_counter()
+        while engine.has_work():
+            engine.step()
+        if i:  # the first run warms up
+            times.append(time.perf_counter() - t)
+    s = statistics.median(times)
+    return {"tokens": PREFILL_LEN, "seconds": s, "tokens_per_s": PREFILL_LEN / s}
+
+
+def hf_decode(folder, engine, batch: int, new_tokens: int) -> dict:
+    """transformers generate: per-token decode time = (t(1 + n tokens) - t(1 token)) / n."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
+    ids = torch.tensor(_prompts(engine, batch, PROMPT_LEN))
+    mask = torch.ones_like(ids)
+
+    def run(n):
+        t = time.perf_counter()
+        with torch.inference_mode():
+            model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+        return time.perf_counter() - t
+
+    run(2)
+    t1 = statistics.median([run(1) for _ in range(2)])
+    tn = run(1 + new_tokens)
+    step = (tn - t1) / new_tokens
+    return {"batch": batch, "step_s": step, "tokens_per_s": batch / step}
+
+
+def profile_ops(engine, batch: int, prompt_len: int, steps: int) -> list[dict]:
+    """Self CPU time per op over a few engine steps (decode when prompt_len is short)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine.request import SamplingParams
+
+    engine.kv.pool.reset_prefix_cache()
+    params = SamplingParams(max_tokens=steps + 3, temperature=0, ignore_eos=True)
+    for i, p in enumerate(_prompts(engine, batch, prompt_len)):
+        engine.add_request(f"prof-{batch}-{prompt_len}-{i}", p, params, detokenize=False)
+    if prompt_len <= PROMPT_LEN:
+        engine.step()
+        engine.step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            engine.step()
+    while engine.has_work():
+        engine.step()
+    rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in rows) or 1
+    return [{"op": e.key, "ms_per_step": e.self_cpu_time_total / 1000 / steps, "share": e.self_cpu_time_total / total,
+             "calls_per_step": e.count / steps} for e in rows[:8]]
+
+
+def run_bench(args) -> int:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    import torch
+
+    from engine.weights import resolve_model
+
+    console = Console(stderr=True)
+    torch.set_num_threads(os.cpu_count() or 1)
+    quick = bool(getattr(args, "quick", False))
+    started = time.perf_counter()
+    try:
+        folder, name = resolve_model(args.model, lambda m: console.print(m))
+    except (FileNotFoundError, ValueError) as exc:
+        raise UsageError(f"cannot load model {args.model!r}: {exc}") from None
+    res: dict = {"model": name, "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+                 "quick": quick}
+    decode_steps, hf_tokens = (8, 4) if quick else (24, 12)
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("machine rates", total=9)
+        res["machine"] = measure_machine(quick)
+        progress.update(task, advance=1, description="loading the engine")
+        engine = _engine(folder)
+        params = engine.runner.model.num_parameters()
+        res["model_params"] = params
+        res["weight_bytes"] = params * 4
+        bw, mm = res["machine"]["memory_read_gb_s"] * 1e9, res["machine"]["matmul_gflop_s"] * 1e9
+        res["floors"] = {"decode_step_s": params * 4 / bw, "prefill_s_per_token": 2 * params / mm}
+        res["engine_decode"] = []
+        for b in DECODE_BATCHES:
+            progress.update(task, advance=1, description=f"engine decode, batch {b}")
+            res["engine_decode"].append(engine_decode(engine, b, decode_steps))
+        progress.update(task, advance=1, description="engine prefill, 1024 tokens")
+        res["engine_prefill"] = engine_prefill(engine, 1 if quick else 2)
+        res["transformers_decode"] = []
+        for b in HF_BATCHES:
+            progress.update(task, advance=1, description=f"transformers generate, batch {b}")
+            res["transformers_decode"].append(hf_decode(folder, engine, b, hf_tokens))
+        progress.update(task, advance=1, description="profiles")
+        res["ratios"] = ratios(res)
+        res["profiles"] = {}
+        missed = res["ratios"]["missed"]
+        if any(k.startswith("decode") for k in missed):
+            res["profiles"]["decode_batch_1"] = profile_ops(engine, 1, PROMPT_LEN, 3)
+            res["profiles"]["decode_batch_32"] = profile_ops(engine, 32, PROMPT_LEN, 3)
+        if any(k.startswith("prefill") for k in missed):
+            res["profiles"]["prefill_1024"] = profile_ops(engine, 1, PREFILL_LEN, 1)
+    res["wall_s"] = time.perf_counter() - started
+    print(render(res))
+    if args.json_path:
+        with open(args.json_path, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+def ratios(res: dict) -> dict:
+    """Every ratio the issue asks for; 'missed' lists targets not reached (1.5x floor, 2x transformers)."""
+    floor_step, floor_tok = res["floors"]["decode_step_s"], res["floors"]["prefill_s_per_token"]
+    out: dict = {"missed": []}
+    for d in res["engine_decode"]:
+        r = d["step_s"] / floor_step
+        out[f"decode_b{d['batch']}_over_floor"] = r
+        if d["batch"] in (1, 32) and r > 1.5:
+            out["missed"].append(f"decode_b{d['batch']}_within_1.5x_floor")
+    p = res["engine_prefill"]
+    out["prefill_over_floor"] = (p["seconds"] / p["tokens"]) / floor_tok
+    if out["prefill_over_floor"] > 1.5:
+        out["missed"].append("prefill_within_1.5x_floor")
+    by_batch = {d["batch"]: d for d in res["engine_decode"]}
+    for h in res["transformers_decode"]:
+        r = by_batch[h["batch"]]["tokens_per_s"] / h["tokens_per_s"]
+        out[f"decode_b{h['batch']}_over_transformers"] = r
+        if r < 2:
+            out["missed"].append(f"decode_b{h['batch']}_2x_transformers")
+    return out
+
+
+def render(res: dict) -> str:
+    m, f, r = res["machine"], res["floors"], res["ratios"]
+    lines = [f"goodput bench engine: {res['model']} ({res['model_params'] / 1e6:.1f} M params, "
+             f"{res['weight_bytes'] / 1e6:.0f} MB fp32), {res['threads']} threads, OMP_WAIT_POLICY={res['omp_wait_policy']}",
+             f"machine: memory read {m['memory_read_gb_s']:.1f} GB/s, fp32 matmul {m['matmul_gflop_s']:.1f} GFLOP/s",
+             f"floors: decode step {f['decode_step_s'] * 1e3:.1f} ms (weights / bandwidth), "
+             f"prefill {f['prefill_s_per_token'] * 1e3:.2f} ms/token (2 x params FLOPs / matmul rate)", "",
+             f"{'measurement':<34}{'result':>16}{'vs floor':>11}{'vs transformers':>17}"]
+    hf = {h["batch"]: h for h in res["transformers_decode"]}
+    for d in res["engine_decode"]:
+        b = d["batch"]
+        vs_hf = f"{r[f'decode_b{b}_over_transformers']:.2f}x" if b in hf else "-"
+        lines.append(f"{'engine decode, batch ' + str(b):<34}{d['tokens_per_s']:>9.1f} tok/s"
+                     f"{r[f'decode_b{b}_over_floor']:>10.2f}x{vs_hf:>17}"
+                     f"   ({d['step_s'] * 1e3:.1f} ms/step)")
+    p = res["engine_prefill"]
+    lines.append(f"{'engine prefill, 1024 tokens':<34}{p['tokens_per_s']:>9.1f} tok/s{r['prefill_over_floor']:>10.2f}x{'-':>17}"
+                 f"   ({p['seconds'] * 1e3:.0f} ms)")
+    for h in res["transformers_decode"]:
+        lines.append(f"{'transformers generate, batch ' + str(h['batch']):<34}{h['tokens_per_s']:>9.1f} tok/s"
+                     f"{h['step_s'] / f['decode_step_s']:>10.2f}x{'1.00x':>17}   ({h['step_s'] * 1e3:.1f} ms/step)")
+    lines.append("")
+    lines.append("targets: decode b1/b32 and prefill within 1.5x of floor; decode >= 2x transformers at the same batch")
+    lines.append("missed: " + (", ".join(r["missed"]) if r["missed"] else "none"))
+    for name, rows in res["profiles"].items():
+        lines.append(f"profile {name} (self CPU time per step, top ops):")
+        for row in rows:
+            lines.append(f"  {row['op']:<52}{row['ms_per_step']:>9.2f} ms {row['share'] * 100:>5.1f}%  {row['calls_per_step']:>6.0f} calls")
+    lines.append(f"wall time {res['wall_s']:.0f} s")
+    return "\n".join(lines)
