@@ -94,3 +94,16 @@ def test_rendered_prometheus_rule_passes_promtool(tmp_path):
     proc = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SUCCESS: 32 rules found" in proc.stdout
+
+
+@pytest.mark.parametrize("values, next_step", [
+    (None, "Turn on autoscaling.mode=builtin, keda or prometheus-adapter."),
+    ("autoscaling-builtin-values.yaml", "kubectl get --raw /apis/external.metrics.k8s.io/v1beta1/namespaces/serving/goodput_desired_replicas"),
+    ("autoscaling-keda-values.yaml", "kubectl -n serving get scaledobject demo-goodput"),
+    ("autoscaling-prometheus-adapter-values.yaml", "Add the external rule from values.yaml (autoscaling.prometheusAdapter)"),
+    ("monitoring-values.yaml", "ConfigMaps labelled grafana_dashboard=1"),
+])
+def test_notes_say_what_to_do_next(values, next_step):
+    notes = render_raw(values_of(values))["goodput/templates/NOTES.txt"]
+    assert "kubectl -n serving port-forward svc/demo-goodput 8080:80" in notes
+    assert next_step in notes
