@@ -49,6 +49,8 @@ def _preview(args: argparse.Namespace) -> int:
                                        rate_interval=args.rate_interval)
     except httpx.HTTPError as exc:
         raise UsageError(f"cannot query Prometheus at {args.prometheus} ({exc}); check --prometheus") from exc
+    except RuntimeError as exc:  # Prometheus answered with an error for one query
+        raise UsageError(f"Prometheus at {args.prometheus} rejected a query: {exc}") from exc
     for path in paths:
         print(path)
     return 0

@@ -10,7 +10,7 @@ import pytest
 
 from dashboards import contract, generate, rules
 from dashboards.preview import expand, panel_queries
-from tests.support import goodput_command
+from tests.support import free_port, goodput_command
 
 UIDS = ["goodput-slo", "goodput-engine", "goodput-autoscaling"]
 
@@ -125,3 +125,12 @@ def test_dashboard_round_trips_through_the_sdk_model(uid):
 
     text = (generate.GENERATED / f"{uid}.json").read_text()
     assert JSONEncoder(sort_keys=True, indent=2).encode(Dashboard.from_json(json.loads(text))) + "\n" == text
+
+
+def test_cli_preview_without_prometheus_says_so(tmp_path):
+    port = free_port()  # nothing listens there
+    proc = subprocess.run(goodput_command("dashboards", "preview", "--prometheus", f"http://127.0.0.1:{port}",
+                                          "--out", str(tmp_path)), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"goodput: error: cannot query Prometheus at http://127.0.0.1:{port}") and "check --prometheus" in line
