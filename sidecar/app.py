@@ -21,11 +21,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from sidecar.config import ProxyConfig
 from sidecar.engine_metrics import EngineCollector, normalise
 from sidecar.metrics import ModelLabels, SidecarMetrics, zero_series
-from sidecar.relay import (BodyTooLarge, UpstreamFailed, error_response, open_upstream, read_body,
-                           relay_body, relay_stream, upstream_headers)
+from sidecar.relay import (BodyTooLarge, error_response, open_upstream, read_body, relay_sse, relay_stream,
+                           send_body, upstream_headers)
 from sidecar.slo import judge
 from sidecar.timing import StreamTimer
 from sidecar.tracing import RequestSpan
+from sidecar.upstream import UpstreamFailed, UpstreamPool
 
 log = logging.getLogger("goodput.sidecar")
 _clock = time.perf_counter
@@ -54,7 +55,8 @@ class Sidecar:
         self.tracer = tracer_provider.get_tracer("goodput.sidecar")
         parts = urlsplit(config.upstream)
         self._server_address, self._server_port = parts.hostname or "", parts.port
-        self.session: aiohttp.ClientSession | None = None
+        self.session: aiohttp.ClientSession | None = None   # passthrough paths, health, scrapes
+        self.pool = UpstreamPool(config.upstream, config.connect_timeout, config.read_timeout)  # measured path
         self.draining = False
         self._active = 0                       # proxied requests in progress (drain waits for 0)
         self._idle = asyncio.Event()
@@ -81,6 +83,7 @@ class Sidecar:
             await asyncio.gather(self._scraper, return_exceptions=True)
         if self.session is not None:
             await self.session.close()
+        await self.pool.close()
 
     @property
     def active(self) -> int:
@@ -217,14 +220,15 @@ class Sidecar:
             span.inject(headers)
             self.metrics.started(label)
             in_flight = True
-            upstream = await open_upstream(self.session, "POST", self._url(request), headers, body)
-            if upstream.status == 200 and upstream.content_type == "text/event-stream":
-                out, error_type = await relay_stream(request, upstream, timer, _clock)
+            upstream = await self.pool.request("POST", request.raw_path, headers, body)
+            head = upstream.head
+            if head.status == 200 and head.content_type == "text/event-stream":
+                out, error_type = await relay_sse(request, upstream, timer, _clock)
             else:
-                out, answer = await relay_body(request, upstream)
+                out, answer = await send_body(request, upstream)
                 timer.feed_json_body(answer, _clock())
-                if upstream.status >= 400:
-                    error_type = f"http_{upstream.status}"
+                if head.status >= 400:
+                    error_type = f"http_{head.status}"
             return out
         except UpstreamFailed as exc:
             error_type = exc.error_type
@@ -243,10 +247,10 @@ class Sidecar:
             raise
         finally:
             if upstream is not None:
-                if error_type is not None or cancelled:
-                    upstream.close()        # closes the socket: the engine frees the request at once
+                if error_type is not None or cancelled or self._forced:
+                    self.pool.discard(upstream)   # closes the socket: the engine frees the request at once
                 else:
-                    upstream.release()
+                    self.pool.release(upstream)
             end = _clock()
             timing = timer.finish(end)
             error_type = error_type or timing.error_type

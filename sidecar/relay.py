@@ -14,6 +14,7 @@ import aiohttp
 from aiohttp import web
 
 from sidecar.timing import StreamTimer
+from sidecar.upstream import UpstreamFailed
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones aiohttp recomputes.
 _DROP_REQUEST = frozenset(("connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
@@ -24,14 +25,6 @@ _DROP_RESPONSE = frozenset(("connection", "keep-alive", "proxy-authenticate", "p
 
 class BodyTooLarge(Exception):
     pass
-
-
-class UpstreamFailed(Exception):
-    """The upstream could not be reached or did not answer in time: (status, error type, message)."""
-
-    def __init__(self, status: int, error_type: str, message: str):
-        super().__init__(message)
-        self.status, self.error_type, self.message = status, error_type, message
 
 
 def error_body(message: str, error_type: str, code: int) -> bytes:
@@ -137,6 +130,66 @@ async def relay_body(request: web.BaseRequest, upstream: aiohttp.ClientResponse)
     except (aiohttp.ClientError, OSError) as exc:
         raise UpstreamFailed(502, "upstream_disconnected", f"the upstream failed while answering: {type(exc).__name__}") from None
     out = web.Response(status=upstream.status, reason=upstream.reason, body=body, headers=response_headers(upstream))
+    await out.prepare(request)
+    await out.write_eof()
+    return out, body
+
+
+# ---- the measured path, on sidecar.upstream's protocol-level client --------------------------
+_HIGH_WATER = 256 * 1024     # bytes queued for a slow client before the upstream is paused
+
+
+def head_headers(headers: list[tuple[str, str]]) -> dict[str, str]:
+    return {k: v for k, v in headers if k.lower() not in _DROP_RESPONSE}
+
+
+async def relay_sse(request: web.BaseRequest, conn, timer: StreamTimer, clock) -> tuple[web.StreamResponse, str | None]:
+    """Relay an SSE body from `conn` (sidecar.upstream.Connection) to the client as it arrives.
+
+    Each upstream piece is timed and written to the client socket from the upstream's
+    data_received, without a task switch; returns (response, error type of a mid-stream failure).
+    """
+    out = web.StreamResponse(status=conn.head.status, reason=conn.head.reason, headers=head_headers(conn.head.headers))
+    await out.prepare(request)
+    writer = out._payload_writer          # aiohttp buffers headers until the first body write
+    writer.send_headers()
+    transport = request.transport
+    relay = timer.relay
+    loop = asyncio.get_running_loop()
+    paused = []
+
+    def sink(data: bytes) -> None:
+        forward = relay(data, clock())
+        if forward and not transport.is_closing():
+            transport.write(b"%x\r\n%s\r\n" % (len(forward), forward))
+            if not paused and transport.get_write_buffer_size() > _HIGH_WATER:
+                paused.append(True)
+                conn.pause()
+                loop.create_task(_resume_when_drained(transport, conn, paused))
+
+    error_type = await conn.start_body(sink)
+    if error_type is not None and not transport.is_closing():
+        # The client gets an SSE error event and a clean end of stream.
+        message = "the upstream stopped in the middle of the stream" if error_type == "upstream_disconnected" \
+            else "the upstream sent nothing for too long"
+        event = b"data: " + error_body(message, error_type, 504 if error_type == "upstream_timeout" else 502) \
+            + b"\n\ndata: [DONE]\n\n"
+        transport.write(b"%x\r\n%s\r\n" % (len(event), event))
+    await out.write_eof()
+    return out, error_type
+
+
+async def _resume_when_drained(transport, conn, paused: list) -> None:
+    while transport.get_write_buffer_size() > _HIGH_WATER // 4 and not transport.is_closing():
+        await asyncio.sleep(0.005)
+    paused.clear()
+    conn.resume()
+
+
+async def send_body(request: web.BaseRequest, conn) -> tuple[web.StreamResponse, bytes]:
+    """Read a whole (non-streaming) answer from `conn`, then send it; returns (response, body)."""
+    body = await conn.read_body()
+    out = web.Response(status=conn.head.status, reason=conn.head.reason, body=body, headers=head_headers(conn.head.headers))
     await out.prepare(request)
     await out.write_eof()
     return out, body

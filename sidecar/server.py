@@ -34,8 +34,12 @@ class RunningSidecar:
                                   keepalive_timeout=75)
         loop = asyncio.get_running_loop()
         config = self.app.config
-        self._listener = await loop.create_server(self._server, config.host, config.port, backlog=1024,
-                                                  reuse_address=True)
+        try:
+            self._listener = await loop.create_server(self._server, config.host, config.port, backlog=1024,
+                                                      reuse_address=True)
+        except OSError:
+            await self.app.close()
+            raise
         self.port = self._listener.sockets[0].getsockname()[1]
         return self
 

@@ -30,12 +30,20 @@ _CONTENT_LIMIT = 16_384
 
 
 def provider_from_env(service_name: str = "goodput-sidecar") -> TracerProvider:
-    provider = TracerProvider(resource=Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service_name)}))
+    """OTLP/HTTP export when an endpoint is configured. Without one, spans are not recorded
+    (sampler off, unless OTEL_TRACES_SAMPLER says otherwise): recording them for nobody cost
+    about 90 µs of CPU per request. Trace context is still created and propagated upstream."""
+    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service_name)})
     if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        provider = TracerProvider(resource=resource)
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    return provider
+        return provider
+    if os.environ.get("OTEL_TRACES_SAMPLER"):
+        return TracerProvider(resource=resource)
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+    return TracerProvider(resource=resource, sampler=ALWAYS_OFF)
 
 
 class _HeaderGetter(DefaultGetter):
@@ -69,12 +77,13 @@ class RequestSpan:
         _PROPAGATOR.inject(headers, context=trace.set_span_in_context(self.span))
 
     def request_attributes(self, model: str | None, stream: bool, max_tokens: int | None) -> None:
+        attrs: dict = {"gen_ai.request.stream": stream}
         if model:
             self.span.update_name(f"{self._operation} {model}")
-            self.span.set_attribute("gen_ai.request.model", model)
-        self.span.set_attribute("gen_ai.request.stream", stream)
+            attrs["gen_ai.request.model"] = model
         if isinstance(max_tokens, int):
-            self.span.set_attribute("gen_ai.request.max_tokens", max_tokens)
+            attrs["gen_ai.request.max_tokens"] = max_tokens
+        self.span.set_attributes(attrs)
 
     def capture_input(self, body: dict) -> None:
         content = body.get("messages", body.get("prompt"))
@@ -87,28 +96,28 @@ class RequestSpan:
             return
         self._ended = True
         span = self.span
-        span.set_attribute("goodput.slo_class", slo.name)
+        # One set_attributes call: the SDK takes its lock and validates once, not per attribute.
+        attrs = {"goodput.slo_class": slo.name, "gen_ai.usage.output_tokens": timing.output_tokens,
+                 "goodput.e2e_seconds": timing.e2e, "goodput.outcome": verdict.outcome,
+                 "goodput.slo_violated": list(verdict.violated)}
         if timing.model:
-            span.set_attribute("gen_ai.response.model", timing.model)
+            attrs["gen_ai.response.model"] = timing.model
         if timing.finish_reasons:
-            span.set_attribute("gen_ai.response.finish_reasons", list(timing.finish_reasons))
+            attrs["gen_ai.response.finish_reasons"] = list(timing.finish_reasons)
         if timing.input_tokens is not None:
-            span.set_attribute("gen_ai.usage.input_tokens", timing.input_tokens)
-        span.set_attribute("gen_ai.usage.output_tokens", timing.output_tokens)
-        span.set_attribute("goodput.e2e_seconds", timing.e2e)
+            attrs["gen_ai.usage.input_tokens"] = timing.input_tokens
         if timing.ttft is not None:
-            span.set_attribute("goodput.ttft_seconds", timing.ttft)
-            span.set_attribute("gen_ai.response.time_to_first_chunk", timing.ttft)
+            attrs["goodput.ttft_seconds"] = attrs["gen_ai.response.time_to_first_chunk"] = timing.ttft
         if timing.tpot is not None:
-            span.set_attribute("goodput.tpot_seconds", timing.tpot)
-        span.set_attribute("goodput.outcome", verdict.outcome)
-        span.set_attribute("goodput.slo_violated", list(verdict.violated))
+            attrs["goodput.tpot_seconds"] = timing.tpot
+        if capture_output and timing.output_text is not None:
+            attrs["gen_ai.output.messages"] = timing.output_text[:_CONTENT_LIMIT]
+        if error_type is not None:
+            attrs["error.type"] = error_type
+        span.set_attributes(attrs)
         if timing.first_token_at is not None:
             span.add_event("gen_ai.first_token", timestamp=self._wall(timing.first_token_at))
-        if capture_output and timing.output_text is not None:
-            span.set_attribute("gen_ai.output.messages", timing.output_text[:_CONTENT_LIMIT])
         if error_type is not None:
-            span.set_attribute("error.type", error_type)
             span.set_status(Status(StatusCode.ERROR))
         span.end(end_time=self._wall(end_perf))
 
