@@ -17,6 +17,7 @@ new). A request whose prompt + output can never fit in one replica's KV cache is
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -86,12 +87,17 @@ class RequestFleet:
         self.prompt = np.asarray(trace.prompt_tokens, dtype=float)
         self.output = np.maximum(1.0, np.asarray(trace.output_tokens, dtype=float))
         n = len(self.arrival)
-        self.prefill_left = self.prompt.copy()
-        self.decoded = np.zeros(n)
-        self.t_first = np.full(n, np.nan)
-        self.t_done = np.full(n, np.nan)
-        self.dropped = np.zeros(n, dtype=bool)
-        self.good = np.zeros(n, dtype=bool)
+        # NOTE: per-request state lives in Python lists: a replica holds a handful of requests, and
+        # scalar Python on a few items is several times faster than numpy calls on tiny arrays.
+        self._arr = self.arrival.tolist()
+        self._prompt = self.prompt.tolist()
+        self._out = self.output.tolist()
+        self._left = list(self._prompt)
+        self._dec = [0.0] * n
+        self._t_first = [math.nan] * n
+        self._t_done = [math.nan] * n
+        self._good = [False] * n
+        self._dropped = [False] * n
         self.next_index = 0
         self.router_queue: deque[int] = deque()
         self.replicas: list[Replica] = []
@@ -153,9 +159,9 @@ class RequestFleet:
         end = int(np.searchsorted(self.arrival, now, side="right"))
         kv_cap = self.profile.kv_capacity_tokens
         for i in range(self.next_index, end):
-            self._input_total += self.prompt[i]
-            if self.prompt[i] + self.output[i] > kv_cap:
-                self.dropped[i] = True
+            self._input_total += self._prompt[i]
+            if self._prompt[i] + self._out[i] > kv_cap:
+                self._dropped[i] = True
                 self._dropped_total += 1
             else:
                 self.router_queue.append(i)
@@ -173,71 +179,108 @@ class RequestFleet:
         """One tick of one replica; returns the seconds it computed."""
         p = self.profile
         rate, budget = p.prefill_tokens_per_s, float(p.step_token_budget)
-        run = np.array(r.running, dtype=np.int64)
-        decoding = run[self.prefill_left[run] <= 0] if len(run) else run
-        d = len(decoding)
+        left, dec, out, prompt = self._left, self._dec, self._out, self._prompt
+        running = r.running
+        d = sum(1 for i in running if left[i] <= 0)
+        backlog = sum(left[i] for i in running if left[i] > 0)
         s_mix = (p.step_s(d) if d else 0.0) + budget / rate  # a step carrying a full prompt chunk
         tick_prefill = budget * dt / s_mix                    # prompt tokens this tick can take
-        backlog = float(self.prefill_left[run].sum()) if len(run) else 0.0
         # Schedule waiting requests while this tick has prompt budget, a slot and KV room.
-        while r.waiting and backlog < tick_prefill and len(r.running) < p.max_batch:
+        while r.waiting and backlog < tick_prefill and len(running) < p.max_batch:
             i = r.waiting[0]
-            need = self.prompt[i] + self.output[i]
+            need = prompt[i] + out[i]
             if r.kv_reserved + need > p.kv_capacity_tokens:
                 break
             r.waiting.popleft()
-            r.running.append(i)
+            running.append(i)
             r.kv_reserved += need
-            backlog += self.prefill_left[i]
-        run = np.array(r.running, dtype=np.int64)
-        prefilling = run[self.prefill_left[run] > 0]
+            backlog += left[i]
         rate_eff = budget / s_mix
         t_prefill = min(dt, backlog / rate_eff)
         done_tokens = rate_eff * t_prefill
-        # Prefill FIFO: who completes its prompt inside this tick, and when (first token).
-        cum = np.cumsum(self.prefill_left[prefilling])
-        completes = cum <= done_tokens + 1e-9
-        new_dec = prefilling[completes]
-        first_at = cum[completes] / rate_eff
-        self.t_first[new_dec] = now + first_at
-        self.decoded[new_dec] = 1.0
-        self.prefill_left[new_dec] = 0.0
-        partial = prefilling[~completes]
-        if len(partial):
-            self.prefill_left[partial[0]] = cum[len(new_dec)] - done_tokens
-        self._output_total += len(new_dec)
+        # Decoding requests start the tick at step 0; prefill goes FIFO, and a request whose prompt
+        # completes inside the tick gets its first token then and decodes from there.
+        timeline = [(i, 0.0) for i in running if left[i] <= 0]
+        cum = 0.0
+        for i in running:
+            li = left[i]
+            if li <= 0:
+                continue
+            if cum + li <= done_tokens + 1e-9:
+                cum += li
+                first_at = cum / rate_eff
+                self._t_first[i] = now + first_at
+                dec[i] = 1.0
+                left[i] = 0.0
+                self._output_total += 1.0
+                timeline.append((i, first_at))
+            else:
+                left[i] = li - max(0.0, done_tokens - cum)
+                break
         # Decode timeline: mixed steps (s_mix each) until t_prefill, pure steps after.
-        s_pure = p.step_s(d + len(new_dec))
-        ids = np.concatenate([decoding, new_dec])
-        start = np.concatenate([np.zeros(d), first_at])
-        steps_before = np.where(start <= t_prefill, start / s_mix, t_prefill / s_mix + (start - t_prefill) / s_pure)
-        steps_total = t_prefill / s_mix + (dt - t_prefill) / s_pure
-        remaining = self.output[ids] - self.decoded[ids]
-        avail = steps_total - steps_before
-        finish = remaining <= avail + 1e-9
-        k = steps_before[finish] + remaining[finish]  # step index (from tick start) of the last token
-        offset = np.where(k <= t_prefill / s_mix, k * s_mix, t_prefill + (k - t_prefill / s_mix) * s_pure)
-        fin = ids[finish]
-        self.t_done[fin] = now + offset
-        gained = np.where(finish, remaining, np.maximum(avail, 0.0))
-        self.decoded[ids] += gained
-        self._output_total += float(gained.sum())
-        busy = t_prefill
-        if len(ids):
-            busy = dt if (~finish).any() else max(t_prefill, float(offset.max(initial=0.0)))
-        if len(fin):
+        n_mix = t_prefill / s_mix
+        s_pure = p.step_s(len(timeline))
+        steps_total = n_mix + (dt - t_prefill) / s_pure
+        finished = []
+        still_running = False
+        last_off = 0.0
+        for i, start in timeline:
+            before = start / s_mix if start <= t_prefill else n_mix + (start - t_prefill) / s_pure
+            remaining = out[i] - dec[i]
+            avail = steps_total - before
+            if remaining <= avail + 1e-9:
+                k = before + remaining  # step index (from tick start) of the last token
+                off = k * s_mix if k <= n_mix else t_prefill + (k - n_mix) * s_pure
+                self._t_done[i] = now + off
+                last_off = max(last_off, off)
+                finished.append(i)
+                dec[i] += remaining
+                self._output_total += remaining
+            else:
+                gained = max(avail, 0.0)
+                dec[i] += gained
+                self._output_total += gained
+                still_running = True
+        busy = dt if still_running else max(t_prefill, last_off)
+        if finished:
             slo = p.slo
-            ttft = self.t_first[fin] - self.arrival[fin]
-            out = self.output[fin]
-            tpot = np.where(out > 1, (self.t_done[fin] - self.t_first[fin]) / np.maximum(out - 1, 1), 0.0)
-            self.good[fin] = (ttft <= slo.ttft_s) & (tpot <= slo.tpot_s)
-            self._good_total += int(self.good[fin].sum())
-            self._finished_total += len(fin)
-            done = set(fin.tolist())
-            r.running = [i for i in r.running if i not in done]
-            r.kv_reserved -= float((self.prompt[fin] + self.output[fin]).sum())
+            for i in finished:
+                ttft = self._t_first[i] - self._arr[i]
+                tpot = (self._t_done[i] - self._t_first[i]) / (out[i] - 1) if out[i] > 1 else 0.0
+                good = ttft <= slo.ttft_s and tpot <= slo.tpot_s
+                self._good[i] = good
+                self._good_total += good
+                r.kv_reserved -= prompt[i] + out[i]
+            self._finished_total += len(finished)
+            gone = set(finished)
+            r.running = [i for i in running if i not in gone]
         self._busy_total += busy
         return busy
+
+    # -- per-request results as arrays (for scoring; not for the hot loop) --------------------
+    @property
+    def prefill_left(self) -> np.ndarray:
+        return np.array(self._left)
+
+    @property
+    def decoded(self) -> np.ndarray:
+        return np.array(self._dec)
+
+    @property
+    def t_first(self) -> np.ndarray:
+        return np.array(self._t_first)
+
+    @property
+    def t_done(self) -> np.ndarray:
+        return np.array(self._t_done)
+
+    @property
+    def good(self) -> np.ndarray:
+        return np.array(self._good, dtype=bool)
+
+    @property
+    def dropped(self) -> np.ndarray:
+        return np.array(self._dropped, dtype=bool)
 
     # -- observation ------------------------------------------------------------------------
     def view(self, now: float) -> FleetView:
@@ -247,8 +290,7 @@ class RequestFleet:
         cap = self.profile.kv_capacity_tokens
         kv = []
         for r in ready:
-            run = np.array(r.running, dtype=np.int64)
-            used = float((self.prompt[run] - self.prefill_left[run] + self.decoded[run]).sum()) if len(run) else 0.0
+            used = sum(self._prompt[i] - self._left[i] + self._dec[i] for i in r.running)
             kv.append(used / cap)
         waiting = len(self.router_queue) + sum(len(r.waiting) for r in self.replicas)
         running = sum(len(r.running) for r in self.replicas)
