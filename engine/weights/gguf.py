@@ -46,10 +46,16 @@ class GGUFFile:
         field = self.reader.fields.get(key)
         return default if field is None else field.contents()
 
+    def require(self, key: str):
+        value = self.get(key)
+        if value is None:
+            raise GGUFError(f"{self.path.name}: metadata key {key} is missing")
+        return value
+
     def model_config(self) -> dict:
         a = self.arch
-        heads = self.get(f"{a}.attention.head_count")
-        hidden = self.get(f"{a}.embedding_length")
+        heads = self.require(f"{a}.attention.head_count")
+        hidden = self.require(f"{a}.embedding_length")
         tokens = self.get("tokenizer.ggml.tokens") or []
         has_output = any(t.name == "output.weight" for t in self.reader.tensors)
         scaling = None
@@ -61,8 +67,8 @@ class GGUFFile:
         return {
             "architectures": ["LlamaForCausalLM"], "model_type": "llama",
             "vocab_size": self.get(f"{a}.vocab_size") or len(tokens), "hidden_size": hidden,
-            "intermediate_size": self.get(f"{a}.feed_forward_length"),
-            "num_hidden_layers": self.get(f"{a}.block_count"), "num_attention_heads": heads,
+            "intermediate_size": self.require(f"{a}.feed_forward_length"),
+            "num_hidden_layers": self.require(f"{a}.block_count"), "num_attention_heads": heads,
             "num_key_value_heads": self.get(f"{a}.attention.head_count_kv") or heads,
             "head_dim": self.get(f"{a}.rope.dimension_count") or hidden // heads,
             "rms_norm_eps": float(self.get(f"{a}.attention.layer_norm_rms_epsilon", 1e-5)),
@@ -76,7 +82,8 @@ class GGUFFile:
         """Yield (hf_name, float32 array) with Q and K un-permuted back to HF's rotary layout."""
         from gguf import quants
 
-        cfg = self.model_config()
+        heads = self.require(f"{self.arch}.attention.head_count")
+        kv_heads = self.get(f"{self.arch}.attention.head_count_kv") or heads
         for t in self.reader.tensors:
             if t.tensor_type.name not in SUPPORTED_TYPES:
                 raise GGUFError(f"{self.path.name}: tensor {t.name} has unsupported type {t.tensor_type.name}")
@@ -86,9 +93,9 @@ class GGUFFile:
             data = quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
             data = data.reshape([int(d) for d in reversed(t.shape)])
             if name.endswith("q_proj.weight"):
-                data = _unpermute(data, cfg["num_attention_heads"])
+                data = _unpermute(data, heads)
             elif name.endswith("k_proj.weight"):
-                data = _unpermute(data, cfg["num_key_value_heads"])
+                data = _unpermute(data, kv_heads)
             yield name, data
 
 
