@@ -34,6 +34,8 @@ def register(registry) -> None:
     p.add_argument("--target", type=float, default=0.99, help="attainment the oracle must reach (default 0.99)")
     p.add_argument("--lengths", default=None,
                    help="ServeGen: Azure CSV whose prompt/output lengths are drawn for the requests")
+    p.add_argument("--goodput-set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a forecaster PolicyConfig field for the goodput policy (repeatable), e.g. target_queue=5")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="folder for plots (PNG), results.md and results.json")
     p.add_argument("--json", default=None, help="write results JSON to this file")
@@ -49,6 +51,21 @@ def _parse_policies(text: str) -> list[str]:
     return names
 
 
+def _parse_overrides(items: list[str]) -> dict:
+    import json
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--goodput-set takes FIELD=VALUE (a forecaster PolicyConfig field), got {item!r}")
+        try:
+            out[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip()] = value
+    return out
+
+
 def run_command(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -60,6 +77,7 @@ def run_command(args: argparse.Namespace) -> int:
     from forecaster.simulate.traces import read_azure_csv, servegen_requests
 
     names = _parse_policies(args.policy)
+    overrides = _parse_overrides(args.goodput_set)
     trace_path = Path(args.trace)
     if not trace_path.exists():
         raise UsageError(f"trace {trace_path} does not exist; pass an Azure CSV or a ServeGen client folder")
@@ -93,16 +111,16 @@ def run_command(args: argparse.Namespace) -> int:
                 trace = read_azure_csv(trace_path, args.rate_scale, args.seed)
             runs, facts = simulate_trace(trace, profile, names, loop, limits, tick_s=args.tick or 0.1,
                                          target=args.target, capacity_rps=args.capacity_rps,
-                                         progress=lambda n, t: progress(n, t, trace.duration_s))
+                                         goodput_overrides=overrides, progress=lambda n, t: progress(n, t, trace.duration_s))
             title = f"{trace.name}, {profile.name}, cold start {args.cold_start:g} s"
-        except ValueError as exc:
+        except (ValueError, TypeError) as exc:
             raise UsageError(str(exc)) from exc
 
     results = [r.result.to_dict() for r in runs]
     setup = {"trace": str(trace_path), "profile": profile.to_dict(), "policies": names,
              "cold_start_s": args.cold_start, "metric_delay_s": args.metric_delay, "rate_scale": args.rate_scale,
              "min_replicas": args.min_replicas, "max_replicas": args.max_replicas,
-             "scale_down_window_s": args.scale_down_window, "seed": args.seed,
+             "scale_down_window_s": args.scale_down_window, "goodput_overrides": overrides, "seed": args.seed,
              "wall_s": round(time.monotonic() - started, 1), **facts}
     print(title)
     print(f"SLO: TTFT <= {profile.slo.ttft_s:g} s and TPOT <= {profile.slo.tpot_s:g} s; "

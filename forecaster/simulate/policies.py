@@ -20,6 +20,8 @@ each one reproduces:
 - goodput: this project's forecaster, forecaster.policy.ForecastPolicy, run as-is: it observes a
   FleetSample every step_seconds and publishes goodput_desired_replicas (`AverageValue` 1).
 - oracle: see oracle.py; no HPA.
+- static: not autoscaling at all: the smallest fixed fleet that reaches the attainment target
+  (runner.py), the cost of provisioning for the peaks a causal policy cannot follow.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 from forecaster.simulate.fleet import FleetView
 from forecaster.simulate.hpa import DEFAULT_SCALE_DOWN, HpaSpec, ScalingRules
 
-POLICY_NAMES = ("utilization", "queue-adapter", "queue-keda", "saturation", "goodput", "oracle")
+POLICY_NAMES = ("utilization", "queue-adapter", "queue-keda", "saturation", "goodput", "oracle", "static")
 
 
 @dataclass(frozen=True)
@@ -169,9 +171,13 @@ class Goodput(Policy):
         from forecaster.policy import ForecastPolicy, PolicyConfig  # the real thing, not a copy
 
         self.publish_every_s = step_s
-        config = PolicyConfig(step_seconds=step_s, horizon_seconds=cold_start_s, cold_start_seconds=cold_start_s,
-                              capacity_rps=capacity_rps, min_replicas=limits.min_replicas,
-                              max_replicas=limits.max_replicas, **overrides)
+        fields = dict(step_seconds=step_s, horizon_seconds=cold_start_s, cold_start_seconds=cold_start_s,
+                      capacity_rps=capacity_rps, min_replicas=limits.min_replicas, max_replicas=limits.max_replicas)
+        unknown = sorted(set(overrides) - set(PolicyConfig.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"unknown forecaster setting {', '.join(unknown)}; PolicyConfig has "
+                             f"{', '.join(sorted(PolicyConfig.__dataclass_fields__))}")
+        config = PolicyConfig(**{**fields, **overrides})
         self.forecaster = ForecastPolicy(config)
         self.decisions: list = []
 

@@ -123,6 +123,9 @@ def simulate_trace(trace: RequestTrace, profile: ServiceProfile, policy_names: l
         if name == "oracle":
             runs.append(_oracle_search(trace, profile, loop, limits, required, tick_s, target, progress))
             continue
+        if name == "static":
+            runs.append(_static_search(trace, profile, loop, limits, required, tick_s, target, progress))
+            continue
         policy = make_policy(name, limits, loop.cold_start_s, capacity_rps, goodput_overrides=goodput_overrides)
         fleet = RequestFleet(profile, trace, initial, loop.cold_start_s, tick_s)
         timeline = run(fleet, policy, loop, end, progress=_bind(progress, name))
@@ -148,3 +151,24 @@ def _bind(progress, name):
     if progress is None:
         return None
     return lambda t: progress(name, t)
+
+
+def _static_search(trace, profile, loop, limits, required, tick_s, target, progress) -> PolicyRun:
+    """The smallest fixed fleet that reaches `target` (bisection): what a causal policy costs if it
+    cannot follow the load at all and simply provisions for it."""
+    n_plan = len(required)
+    lo, hi = limits.min_replicas, limits.max_replicas
+    best = None
+    while lo <= hi:
+        n = (lo + hi) // 2
+        plan = np.full(n_plan, n, dtype=np.int64)
+        fleet = RequestFleet(profile, trace, n, loop.cold_start_s, tick_s)
+        timeline = run(fleet, Oracle(plan, 1.0), loop, trace.duration_s, progress=_bind(progress, f"static {n}"))
+        scored = score("static", fleet, timeline, required, trace.duration_s, note=f"{n} replicas")
+        if scored.result.attainment >= target:
+            best, hi = scored, n - 1
+        else:
+            lo = n + 1
+            if best is None and n == limits.max_replicas:
+                best = scored
+    return best if best is not None else scored
