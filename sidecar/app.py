@@ -209,8 +209,7 @@ class Sidecar:
             if stream and self.config.inject_usage:
                 options = doc.get("stream_options")
                 if not (isinstance(options, dict) and options.get("include_usage")):
-                    doc["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
-                    body = json.dumps(doc).encode()
+                    body = _with_usage(body, doc, options)
                     strip = True
             timer = StreamTimer(start, kind, strip_usage=strip, collect_text=capture)
             span.request_attributes(model, stream, max_tokens if isinstance(max_tokens, int) else None)
@@ -288,6 +287,18 @@ def _json_object(body: bytes) -> dict:
     except ValueError:
         return {}
     return doc if isinstance(doc, dict) else {}
+
+
+def _with_usage(body: bytes, doc: dict, options) -> bytes:
+    """The request body asking for a usage chunk. Without stream_options the client's bytes are
+    kept and the key is spliced in before the closing brace (the body parsed as a non-empty
+    object, so it ends with `}`); otherwise the object is re-serialised."""
+    if "stream_options" not in doc:
+        end = body.rstrip().rfind(b"}")
+        if end > 0:
+            return body[:end] + b',"stream_options":{"include_usage":true}' + body[end:]
+    doc["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+    return json.dumps(doc).encode()
 
 
 def make_app(config: ProxyConfig, registry: CollectorRegistry, tracer_provider) -> Sidecar:

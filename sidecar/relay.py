@@ -151,23 +151,28 @@ async def relay_sse(request: web.BaseRequest, conn, timer: StreamTimer, clock) -
     """
     out = web.StreamResponse(status=conn.head.status, reason=conn.head.reason, headers=head_headers(conn.head.headers))
     await out.prepare(request)
-    writer = out._payload_writer          # aiohttp buffers headers until the first body write
-    writer.send_headers()
+    head = _take_headers(out)
     transport = request.transport
     relay = timer.relay
     loop = asyncio.get_running_loop()
     paused = []
 
     def sink(data: bytes) -> None:
+        nonlocal head
         forward = relay(data, clock())
         if forward and not transport.is_closing():
-            transport.write(b"%x\r\n%s\r\n" % (len(forward), forward))
+            frame = b"%x\r\n%s\r\n" % (len(forward), forward)
+            if head:
+                frame, head = head + frame, b""   # status line and headers leave with the first bytes
+            transport.write(frame)
             if not paused and transport.get_write_buffer_size() > _HIGH_WATER:
                 paused.append(True)
                 conn.pause()
                 loop.create_task(_resume_when_drained(transport, conn, paused))
 
     error_type = await conn.start_body(sink)
+    if head and not transport.is_closing():
+        transport.write(head)
     if error_type is not None and not transport.is_closing():
         # The client gets an SSE error event and a clean end of stream.
         message = "the upstream stopped in the middle of the stream" if error_type == "upstream_disconnected" \
@@ -177,6 +182,23 @@ async def relay_sse(request: web.BaseRequest, conn, timer: StreamTimer, clock) -
         transport.write(b"%x\r\n%s\r\n" % (len(event), event))
     await out.write_eof()
     return out, error_type
+
+
+def _take_headers(out: web.StreamResponse) -> bytes:
+    """The response's status line and headers, taken from aiohttp's writer to be sent by us.
+
+    aiohttp (3.10+) holds the headers after prepare() to coalesce them with the first body
+    write; since body bytes go straight to the socket here, we take them over the same way.
+    With a writer that does not buffer them, they are simply sent now.
+    """
+    writer = out._payload_writer
+    head = getattr(writer, "_headers_buf", None)
+    if head and not getattr(writer, "_headers_written", True):
+        writer._headers_buf = None
+        writer._headers_written = True
+        return bytes(head)
+    writer.send_headers() if hasattr(writer, "send_headers") else None
+    return b""
 
 
 async def _resume_when_drained(transport, conn, paused: list) -> None:

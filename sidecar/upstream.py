@@ -197,12 +197,24 @@ class Connection(asyncio.Protocol):
             self._finish()
 
     def _chunked(self, data: bytes) -> None:
+        # Everything decoded from one read goes to the sink as one piece: one timing pass and
+        # one write to the client per read, however many chunks the upstream packed into it.
+        pieces: list[bytes] = []
+        try:
+            self._dechunk(data, pieces)
+        finally:
+            if pieces:
+                self._deliver(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+            if self._state == _DONE:
+                self._finish()
+
+    def _dechunk(self, data: bytes, pieces: list[bytes]) -> None:
         buf = self._buf + data if self._buf else data
         pos, end = 0, len(buf)
         while pos < end:
             if self._remaining:
                 take = min(self._remaining, end - pos)
-                self._deliver(buf[pos:pos + take])
+                pieces.append(buf[pos:pos + take])
                 pos += take
                 self._remaining -= take
                 if not self._remaining:
@@ -231,7 +243,7 @@ class Connection(asyncio.Protocol):
                     break
                 pos = trailer_end + 4
             self._buf = b""
-            self._finish()
+            self._state = _DONE     # _chunked delivers the pieces first, then finishes
             return
         self._buf = buf[pos:]
 

@@ -70,7 +70,7 @@ def _ratio(a, b):
     return None if a is None or not b else a / b
 
 
-def summarise(runs: list[Run], duration: float, tokens: int) -> dict:
+def summarise(runs: list[Run], duration: float, tokens: int, loadavg: tuple | None = None) -> dict:
     cells: dict = {}
     for r in runs:
         cells.setdefault(r.upstream, {}).setdefault(str(r.concurrency), {}).setdefault(r.path, []).append(r)
@@ -90,7 +90,9 @@ def summarise(runs: list[Run], duration: float, tokens: int) -> dict:
             }
     return {
         "benchmark": "goodput bench sidecar",
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+                    # 1-minute load average before and after: other work on a shared machine skews every figure.
+                    "loadavg_1m_before_after": list(loadavg) if loadavg else None},
         "settings": {"duration_s": duration, "tokens_per_request": tokens, "upstreams": {
             "paced": "first token after 5 ms, then one every 5 ms per stream", "fast": "tokens as fast as the loop allows"}},
         "results": results,
@@ -141,7 +143,7 @@ def print_table(doc: dict) -> None:
                 table.add_row(u, c, p, _f(x["tokens_per_s"], "{:.0f}"), _f(x["ttft_p50_ms"]), _f(x["ttft_p99_ms"]),
                               _f(added[0]), _f(added[1]), _f(x["cpu_us_per_token_middle"] if p != "direct" else None, "{:.1f}"),
                               _f(x["cpu_us_per_token_upstream"], "{:.1f}"), _f(rate, "{:.0%}"))
-    Console().print(table)
+    Console(width=170).print(table)
     for name, check in doc["targets"].items():
         mark = "met" if check["met"] else ("not met" if check["met"] is False else "n/a")
         print(f"  {name}: {_f(check['value'], '{:.3f}')} (target {check['target']}) {mark}")

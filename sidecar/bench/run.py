@@ -10,6 +10,7 @@ order, and the two repeats are averaged, so slow drift of the machine hits all t
 from __future__ import annotations
 
 import json
+import os
 import resource
 import socket
 import subprocess
@@ -106,6 +107,7 @@ def run_benchmark(levels: tuple[int, ...], duration: float, tokens: int, json_pa
     from rich.progress import Progress
 
     runs: list[Run] = []
+    load_before = os.getloadavg()[0]
     total = len(UPSTREAMS) * len(levels) * len(PATHS) * repeats
     with Progress(transient=True) as progress:
         task = progress.add_task("benchmark", total=total)
@@ -125,7 +127,7 @@ def run_benchmark(levels: tuple[int, ...], duration: float, tokens: int, json_pa
                 for _, proc in stack.values():
                     if proc is not None:
                         proc.stop()
-    doc = summarise(runs, duration, tokens)
+    doc = summarise(runs, duration, tokens, (load_before, os.getloadavg()[0]))
     print_table(doc)
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)

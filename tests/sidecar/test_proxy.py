@@ -173,3 +173,16 @@ def test_other_paths_are_proxied_unmeasured_and_own_paths_answer(sidecar):
     metrics = httpx.get(sidecar.url + "/metrics", timeout=10).text
     assert "goodput_slo_objective_ratio" in metrics and "goodput_engine_up" in metrics
     assert sidecar.spans.get_finished_spans() == ()
+
+
+@pytest.mark.parametrize("options", [None, {"include_usage": False}])
+def test_sidecar_asks_the_upstream_for_usage_and_keeps_the_rest_of_the_body(sidecar, upstream, options):
+    from tests.sidecar.conftest import upstream_stats
+    body = {"model": "scripted", "prompt": "é \"quoted\"", "max_tokens": 2, "stream": True, "temperature": 0.5,
+            "script": {"ttft": 0, "itl": 0}}
+    if options is not None:
+        body["stream_options"] = options
+    r = httpx.post(sidecar.url + "/v1/completions", json=body, timeout=10)
+    assert '"usage"' not in r.text          # the client did not ask for it
+    seen = upstream_stats(upstream)["last_body"]
+    assert seen == body | {"stream_options": {"include_usage": True}}
