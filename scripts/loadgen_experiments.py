@@ -50,7 +50,7 @@ def chunked(model: str, port: int, rate: float, n: int) -> dict:
             "--long-fraction", "0.15", "--long-input-tokens", "1024", "--slo-ttft", "5", "--slo-tpot", "0.4",
             "--seed", "7", *tokenizer(model)]
     results = {}
-    for name, flags in (("chunked prefill on", ["--max-num-batched-tokens", "256"]),
+    for name, flags in (("chunked prefill on", ["--max-num-batched-tokens", "128"]),
                         ("chunked prefill off", ["--no-chunked-prefill"])):
         with engine(model, port, *flags):
             results[name] = load(port, OUT / f"chunked-{name.split()[-1]}.json", *args)
@@ -58,8 +58,8 @@ def chunked(model: str, port: int, rate: float, n: int) -> dict:
 
 
 def prefix(model: str, port: int, count: int, speedup: float) -> dict:
-    args = ["--trace", str(MOONCAKE), "--limit", str(count), "--speedup", str(speedup), "--length-scale", "0.0625",
-            "--max-input", "1024", "--max-output", "16", "--slo-ttft", "5", "--slo-tpot", "0.4", *tokenizer(model)]
+    args = ["--trace", str(MOONCAKE), "--limit", str(count), "--speedup", str(speedup), "--length-scale", "0.03125",
+            "--max-input", "512", "--max-output", "16", "--slo-ttft", "5", "--slo-tpot", "0.4", *tokenizer(model)]
     results = {}
     for name, flags in (("prefix caching on", []), ("prefix caching off", ["--no-prefix-caching"])):
         with engine(model, port, *flags):
@@ -93,10 +93,10 @@ def main() -> None:
     p.add_argument("--model", default="smollm2")
     p.add_argument("--port", type=int, default=18100)
     p.add_argument("--only", choices=("chunked", "prefix", "sweep"), action="append")
-    p.add_argument("--chunked-rate", type=float, default=0.5)
+    p.add_argument("--chunked-rate", type=float, default=0.25)
     p.add_argument("--chunked-requests", type=int, default=40)
-    p.add_argument("--prefix-requests", type=int, default=60)
-    p.add_argument("--prefix-speedup", type=float, default=0.4)
+    p.add_argument("--prefix-requests", type=int, default=40)
+    p.add_argument("--prefix-speedup", type=float, default=0.1)
     p.add_argument("--sweep-rates", default="0.25,0.5,1,1.5,2,3")
     p.add_argument("--sweep-duration", type=float, default=40)
     a = p.parse_args()
