@@ -38,31 +38,64 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     return inv.float()
 
 
+# Small batches (a decode step of 2..32 sequences) run MKL's packed GEMM, padded to this many
+# rows: measured 1.6-2x faster than `x @ W_t` for 8 to 32 rows, while 1 row (`x @ W_t`) and
+# large prefills (plain GEMM is compute-bound there) keep the plain path.
+PACKED_ROWS = 32
+
+
+class Proj:
+    """One projection, weight stored transposed (in, out), optionally also MKL-packed."""
+
+    def __init__(self, w_t: torch.Tensor, packed: bool):
+        self.w_t = w_t
+        self.packed = None
+        if packed:
+            self.packed = torch.ops.mkl._mkl_reorder_linear_weight(w_t.t().contiguous(), PACKED_ROWS)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        m = x.shape[0]
+        if self.packed is None or m == 1 or m > PACKED_ROWS:
+            return x @ self.w_t
+        if m < PACKED_ROWS:
+            x = F.pad(x, (0, 0, 0, PACKED_ROWS - m))
+        # origin weight (a view of w_t) is used by MKL only if the row count did not match.
+        return torch.ops.mkl._mkl_linear(x, self.packed, self.w_t.t(), None, PACKED_ROWS)[:m]
+
+
+def packed_gemm_available(device) -> bool:
+    return torch.device(device).type == "cpu" and torch.backends.mkl.is_available() and \
+        hasattr(torch.ops.mkl, "_mkl_linear")
+
+
 class LlamaModel:
-    def __init__(self, cfg: ModelConfig, state: dict, max_len: int, device="cpu", dtype=torch.float32):
+    def __init__(self, cfg: ModelConfig, state: dict, max_len: int, device="cpu", dtype=torch.float32,
+                 packed: bool | None = None):
         self.cfg, self.device, self.dtype = cfg, torch.device(device), dtype
+        if packed is None:
+            packed = dtype == torch.float32 and packed_gemm_available(device)
 
         def w(name):
             if name not in state:
                 raise ValueError(f"checkpoint is missing tensor {name}")
             return state[name].to(device=device, dtype=dtype)
 
-        def t(x):  # transposed, contiguous copy
-            return x.t().contiguous()
+        def t(x):  # transposed, contiguous copy, as a projection
+            return Proj(x.t().contiguous(), packed)
 
         self.embed = w("model.embed_tokens.weight")
         head = self.embed if cfg.tie_word_embeddings or "lm_head.weight" not in state else w("lm_head.weight")
-        self.lm_head_t = t(head)
+        self.lm_head = t(head)
         self.norm = w("model.norm.weight")
         self.layers = []
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
             self.layers.append({
                 "ln1": w(p + "input_layernorm.weight"), "ln2": w(p + "post_attention_layernorm.weight"),
-                "qkv_t": t(torch.cat([w(p + f"self_attn.{n}_proj.weight") for n in "qkv"])),
-                "o_t": t(w(p + "self_attn.o_proj.weight")),
-                "gate_up_t": t(torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")])),
-                "down_t": t(w(p + "mlp.down_proj.weight")),
+                "qkv": t(torch.cat([w(p + f"self_attn.{n}_proj.weight") for n in "qkv"])),
+                "o": t(w(p + "self_attn.o_proj.weight")),
+                "gate_up": t(torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")])),
+                "down": t(w(p + "mlp.down_proj.weight")),
             })
         pos = torch.arange(max_len, dtype=torch.float32)
         freqs = torch.outer(pos, rope_inv_freq(cfg))
@@ -76,9 +109,9 @@ class LlamaModel:
 
     def num_parameters(self) -> int:
         n = self.embed.numel() + self.norm.numel()
-        if self.lm_head_t.data_ptr() != self.embed.data_ptr() and not self.cfg.tie_word_embeddings:
-            n += self.lm_head_t.numel()
-        return n + sum(x.numel() for layer in self.layers for x in layer.values())
+        if not self.cfg.tie_word_embeddings:
+            n += self.lm_head.w_t.numel()
+        return n + sum((x.w_t if isinstance(x, Proj) else x).numel() for layer in self.layers for x in layer.values())
 
     def _rms(self, x, weight):
         return F.rms_norm(x, (x.shape[-1],), weight, self.cfg.rms_norm_eps)
@@ -93,16 +126,16 @@ class LlamaModel:
         sin = self.sin.index_select(0, positions)[:, None, :]
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             x = self._rms(h, layer["ln1"])
-            qkv = x @ layer["qkv_t"]
+            qkv = layer["qkv"](x)
             qk = qkv[:, : self.q_size + self.kv_size].view(T, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim)
             qk = qk * cos + qk.roll(cfg.head_dim // 2, dims=-1) * sin
             q, k = qk[:, : cfg.num_heads], qk[:, cfg.num_heads:]
             v = qkv[:, self.q_size + self.kv_size:].view(T, cfg.num_kv_heads, cfg.head_dim)
             attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
-            h = h + attn.reshape(T, self.q_size) @ layer["o_t"]
+            h = h + layer["o"](attn.reshape(T, self.q_size))
             x = self._rms(h, layer["ln2"])
-            gu = x @ layer["gate_up_t"]
+            gu = layer["gate_up"](x)
             inter = gu.shape[1] // 2
-            h = h + (F.silu(gu[:, :inter]) * gu[:, inter:]) @ layer["down_t"]
+            h = h + layer["down"](F.silu(gu[:, :inter]) * gu[:, inter:])
         last = self._rms(h.index_select(0, logits_rows), self.norm)
-        return (last @ self.lm_head_t).float()
+        return self.lm_head(last).float()
