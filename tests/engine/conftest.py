@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+import engine  # noqa: F401  (sets OMP_WAIT_POLICY=PASSIVE before torch loads; see engine/__init__.py)
+
 
 @pytest.fixture(scope="session")
 def tiny_folder():
