@@ -29,7 +29,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
     p.add_argument("--kv-cache-memory", default="512MiB", help="KV cache budget, e.g. 512MiB, 2GiB (default 512MiB)")
     p.add_argument("--num-blocks", type=int, default=None, help="KV blocks to allocate (overrides --kv-cache-memory)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget of one step (default 2048)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=512,
+                   help="token budget of one step: bounds how long a prefill chunk stalls running decodes (default 512)")
     p.add_argument("--max-num-seqs", type=int, default=64, help="most requests in one step (default 64)")
     p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     p.add_argument("--no-chunked-prefill", action="store_true", help="run each prompt's prefill whole in one step")

@@ -26,6 +26,8 @@ class Tokenizer:
         cfg_path = self.folder / "tokenizer_config.json"
         cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
         self.chat_template: str | None = cfg.get("chat_template")
+        if not self.chat_template and (self.folder / "chat_template.jinja").is_file():
+            self.chat_template = (self.folder / "chat_template.jinja").read_text()  # newer HF layout
         self.bos_token = _content(cfg.get("bos_token"))
         self.eos_token = _content(cfg.get("eos_token"))
         self.add_bos = bool(cfg.get("add_bos_token", False))
