@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from sidecar.config import ProxyConfig
 from sidecar.engine_metrics import EngineCollector, normalise
 from sidecar.metrics import ModelLabels, SidecarMetrics, zero_series
-from sidecar.relay import (BodyTooLarge, error_response, open_upstream, read_body, relay_sse, relay_stream,
+from sidecar.relay import (BodyTooLarge, error_response, open_upstream, read_body, relay_passthrough, relay_sse,
                            send_body, upstream_headers)
 from sidecar.slo import judge
 from sidecar.timing import StreamTimer
@@ -167,8 +167,7 @@ class Sidecar:
         except UpstreamFailed as exc:
             return error_response(exc.status, exc.message, exc.error_type)
         try:
-            out, _ = await relay_stream(request, upstream, None, _clock)
-            return out
+            return await relay_passthrough(request, upstream)
         finally:
             upstream.release()
 

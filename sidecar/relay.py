@@ -1,8 +1,9 @@
 """Forwarding one request to the upstream and its answer back, measured or not.
 
-The hot path is `relay_stream`: read whatever bytes the upstream has, let the timer look at
-them, write them on unchanged. Nothing is buffered beyond an incomplete SSE event, and only
-when the sidecar itself asked for a usage chunk that it must keep from the client.
+The hot path is `relay_sse`: each piece the upstream connection decodes is timed and written to
+the client socket at once, from the upstream's data_received. Nothing is buffered beyond an
+incomplete SSE event, and only when the sidecar itself asked for a usage chunk that it must
+keep from the client. Unmeasured paths go through aiohttp's client (`relay_passthrough`).
 """
 
 from __future__ import annotations
@@ -82,57 +83,19 @@ async def open_upstream(session: aiohttp.ClientSession, method: str, url: str, h
         raise UpstreamFailed(502, "upstream_error", f"the upstream failed: {type(exc).__name__}") from None
 
 
-async def relay_stream(request: web.BaseRequest, upstream: aiohttp.ClientResponse, timer: StreamTimer | None,
-                       clock) -> tuple[web.StreamResponse, str | None]:
-    """Relay the upstream's body as it arrives; returns (response, error type of a mid-stream failure)."""
+async def relay_passthrough(request: web.BaseRequest, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
+    """Relay an unmeasured answer (any path but the completions ones) as it arrives."""
     out = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=response_headers(upstream))
     await out.prepare(request)
-    read = upstream.content.readany
-    write = out.write
-    relay = timer.relay if timer is not None else None
-    error_type = None
-    # Only the upstream read is guarded: a failed write means the client went away, which
-    # propagates to the caller (counted as cancelled), not as an upstream failure.
-    while True:
-        try:
-            data = await read()
-        except asyncio.TimeoutError:
-            error_type = "upstream_timeout"
-            break
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError):
-            error_type = "upstream_disconnected"
-            break
-        if not data:
-            break
-        if relay is not None:
-            data = relay(data, clock())
-            if not data:
-                continue
-        await write(data)
-    if error_type is not None:
-        upstream.close()
-        if timer is not None:
-            # The client gets an SSE error event and a clean end of stream.
-            message = "the upstream stopped in the middle of the stream" if error_type == "upstream_disconnected" \
-                else "the upstream sent nothing for too long"
-            await write(b"data: " + error_body(message, error_type, 502 if error_type != "upstream_timeout" else 504)
-                        + b"\n\ndata: [DONE]\n\n")
-    await out.write_eof()
-    return out, error_type
-
-
-async def relay_body(request: web.BaseRequest, upstream: aiohttp.ClientResponse) -> tuple[web.StreamResponse, bytes]:
-    """Read the whole (non-streaming) answer, then send it; returns (response, body)."""
     try:
-        body = await upstream.read()
-    except asyncio.TimeoutError:
-        raise UpstreamFailed(504, "upstream_timeout", "the upstream did not finish its answer in time") from None
-    except (aiohttp.ClientError, OSError) as exc:
-        raise UpstreamFailed(502, "upstream_disconnected", f"the upstream failed while answering: {type(exc).__name__}") from None
-    out = web.Response(status=upstream.status, reason=upstream.reason, body=body, headers=response_headers(upstream))
-    await out.prepare(request)
+        while data := await upstream.content.readany():
+            await out.write(data)
+    except (asyncio.TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError):
+        upstream.close()    # the body is cut short; the client sees the connection end early
+        request.transport.close() if request.transport is not None else None
+        return out
     await out.write_eof()
-    return out, body
+    return out
 
 
 # ---- the measured path, on sidecar.upstream's protocol-level client --------------------------
@@ -149,7 +112,7 @@ async def relay_sse(request: web.BaseRequest, conn, timer: StreamTimer, clock) -
     Each upstream piece is timed and written to the client socket from the upstream's
     data_received, without a task switch; returns (response, error type of a mid-stream failure).
     """
-    out = web.StreamResponse(status=conn.head.status, reason=conn.head.reason, headers=head_headers(conn.head.headers))
+    out = _SseResponse(status=conn.head.status, reason=conn.head.reason, headers=head_headers(conn.head.headers))
     await out.prepare(request)
     head = _take_headers(out)
     transport = request.transport
@@ -182,6 +145,12 @@ async def relay_sse(request: web.BaseRequest, conn, timer: StreamTimer, clock) -
         transport.write(b"%x\r\n%s\r\n" % (len(event), event))
     await out.write_eof()
     return out, error_type
+
+
+class _SseResponse(web.StreamResponse):
+    # Keep the headers in the writer after prepare() (as aiohttp's Response does) so that
+    # _take_headers can send them together with the first event: one send less per request.
+    _send_headers_immediately = False
 
 
 def _take_headers(out: web.StreamResponse) -> bytes:
