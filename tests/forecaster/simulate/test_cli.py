@@ -29,20 +29,24 @@ def test_simulate_writes_a_table_and_json(tmp_path):
     trace = tmp_path / "trace.csv"
     _write_azure_csv(trace)
     out = tmp_path / "out"
-    proc = subprocess.run(goodput_command("simulate", "--trace", str(trace), "--policy", "queue-adapter,oracle",
+    proc = subprocess.run(goodput_command("simulate", "--trace", str(trace), "--policy", "queue-adapter,oracle,static",
                                           "--out", str(out), "--cold-start", "60"),
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
     assert "queue-adapter" in proc.stdout and "oracle" in proc.stdout
     data = json.loads((out / "results.json").read_text())
     results = {r["policy"]: r for r in data["results"]}
-    assert set(results) == {"queue-adapter", "oracle"}
+    assert set(results) == {"queue-adapter", "oracle", "static"}
     for r in results.values():
         # Conservation shows in the report too: every request is good, bad, dropped or unfinished.
         assert r["requests"] == 6600
         assert r["dropped"] == 0 and r["unfinished"] == 0
     assert results["oracle"]["vs_oracle"] == 1.0
     assert results["oracle"]["attainment"] >= 0.99  # the oracle search stops at the first plan that reaches it
+    # The static fleet never changes: its mean size is exactly the N the bisection settled on.
+    static = results["static"]
+    assert static["attainment"] >= 0.99 and static["scale_events"] == 0
+    assert static["note"] == f"{static['peak_replicas']} replicas" and static["mean_replicas"] == static["peak_replicas"]
     assert (out / "timeline.png").stat().st_size > 10_000
 
 
