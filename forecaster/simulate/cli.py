@@ -31,6 +31,8 @@ def register(registry) -> None:
     p.add_argument("--tick", type=float, default=None, help="fleet time step, seconds (default 0.1)")
     p.add_argument("--capacity-rps", type=float, default=None,
                    help="per-replica capacity the forecaster is given (default: measured by a simulated sweep)")
+    p.add_argument("--warmup", type=float, default=0.0,
+                   help="score only from this many seconds in (requests arriving and replicas existing after it); default 0")
     p.add_argument("--target", type=float, default=0.99, help="attainment the oracle must reach (default 0.99)")
     p.add_argument("--lengths", default=None,
                    help="ServeGen: Azure CSV whose prompt/output lengths are drawn for the requests")
@@ -111,7 +113,7 @@ def run_command(args: argparse.Namespace) -> int:
                 trace = read_azure_csv(trace_path, args.rate_scale, args.seed)
             runs, facts = simulate_trace(trace, profile, names, loop, limits, tick_s=args.tick or 0.1,
                                          target=args.target, capacity_rps=args.capacity_rps,
-                                         goodput_overrides=overrides, progress=lambda n, t: progress(n, t, trace.duration_s))
+                                         goodput_overrides=overrides, warmup_s=args.warmup, progress=lambda n, t: progress(n, t, trace.duration_s))
             title = f"{trace.name}, {profile.name}, cold start {args.cold_start:g} s"
         except (ValueError, TypeError) as exc:
             raise UsageError(str(exc)) from exc

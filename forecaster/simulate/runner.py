@@ -48,13 +48,16 @@ class PolicyRun:
     series: dict  # per-second arrays: t, spec, ready, starting, draining, waiting, running, arrivals, metric, required
 
 
-def score(name: str, fleet: RequestFleet, timeline, required: np.ndarray, trace_end_s: float, note: str = "") -> PolicyRun:
+def score(name: str, fleet: RequestFleet, timeline, required: np.ndarray, trace_end_s: float, note: str = "",
+          warmup_s: float = 0.0) -> PolicyRun:
+    """Scores over [warmup_s, trace end): requests arriving in it, replicas existing in it."""
     s = timeline.arrays()
-    n = len(fleet.arrival)
-    finished = np.isfinite(fleet.t_done)
-    good = int(fleet.good.sum())
-    dropped = int(fleet.dropped.sum())
-    in_span = s["t"] < trace_end_s
+    counted = fleet.arrival >= warmup_s
+    n = int(counted.sum())
+    finished = np.isfinite(fleet.t_done) & counted
+    good = int((fleet.good & counted).sum())
+    dropped = int((fleet.dropped & counted).sum())
+    in_span = (s["t"] >= warmup_s) & (s["t"] < trace_end_s)
     cost = s["spec"] + s["draining"]
     req = np.ceil(required - 1e-9)
     idx = np.minimum(s["t"].astype(int), len(req) - 1)
@@ -62,12 +65,13 @@ def score(name: str, fleet: RequestFleet, timeline, required: np.ndarray, trace_
     ttft = (fleet.t_first - fleet.arrival)[finished]
     out = fleet.output[finished]
     tpot = np.where(out > 1, (fleet.t_done - fleet.t_first)[finished] / np.maximum(out - 1, 1), 0.0)
+    span_s = max(trace_end_s - warmup_s, 1e-9)
     result = PolicyResult(
         policy=name, requests=n, good=good, dropped=dropped, unfinished=int(n - finished.sum() - dropped),
-        attainment=good / n if n else 1.0, goodput_rps=good / trace_end_s if trace_end_s else 0.0,
+        attainment=good / n if n else 1.0, goodput_rps=good / span_s,
         replica_minutes=float(cost[in_span].sum()) / 60.0, scale_events=timeline.scale_events,
         underprovisioned_s=float(under.sum()), mean_replicas=float(cost[in_span].mean()) if in_span.any() else 0.0,
-        peak_replicas=int(cost.max()) if len(cost) else 0,
+        peak_replicas=int(cost[in_span].max()) if in_span.any() else 0,
         ttft_p99_s=float(np.percentile(ttft, 99)) if len(ttft) else math.nan,
         tpot_p99_s=float(np.percentile(tpot, 99)) if len(tpot) else math.nan, note=note)
     s["required"] = req[idx]
@@ -110,7 +114,8 @@ def sweep_capacity(profile: ServiceProfile, trace: RequestTrace, target: float =
 
 def simulate_trace(trace: RequestTrace, profile: ServiceProfile, policy_names: list[str], loop: LoopConfig,
                    limits: Limits, tick_s: float = 0.1, target: float = 0.99, capacity_rps: float | None = None,
-                   goodput_overrides: dict | None = None, progress=None) -> tuple[list[PolicyRun], dict]:
+                   goodput_overrides: dict | None = None, progress=None,
+                   warmup_s: float = 0.0) -> tuple[list[PolicyRun], dict]:
     """Every named policy on the trace. Returns the runs and facts about the setup (for the report)."""
     end = trace.duration_s
     required = required_replicas(work_per_second(trace, profile), profile.slo.ttft_s)
@@ -121,27 +126,27 @@ def simulate_trace(trace: RequestTrace, profile: ServiceProfile, policy_names: l
     runs: list[PolicyRun] = []
     for name in policy_names:
         if name == "oracle":
-            runs.append(_oracle_search(trace, profile, loop, limits, required, tick_s, target, progress))
+            runs.append(_oracle_search(trace, profile, loop, limits, required, tick_s, target, progress, warmup_s))
             continue
         if name == "static":
-            runs.append(_static_search(trace, profile, loop, limits, required, tick_s, target, progress))
+            runs.append(_static_search(trace, profile, loop, limits, required, tick_s, target, progress, warmup_s))
             continue
         policy = make_policy(name, limits, loop.cold_start_s, capacity_rps, goodput_overrides=goodput_overrides)
         fleet = RequestFleet(profile, trace, initial, loop.cold_start_s, tick_s)
         timeline = run(fleet, policy, loop, end, progress=_bind(progress, name))
-        runs.append(score(name, fleet, timeline, required, end))
-    facts = {"initial_replicas": initial, "capacity_rps": capacity_rps, "requests": len(trace),
+        runs.append(score(name, fleet, timeline, required, end, warmup_s=warmup_s))
+    facts = {"initial_replicas": initial, "warmup_s": warmup_s, "capacity_rps": capacity_rps, "requests": len(trace),
              "duration_s": end, "mean_rate_rps": len(trace) / end if end else 0.0}
     return runs, facts
 
 
-def _oracle_search(trace, profile, loop, limits, required, tick_s, target, progress) -> PolicyRun:
+def _oracle_search(trace, profile, loop, limits, required, tick_s, target, progress, warmup_s) -> PolicyRun:
     best = None
     for headroom in HEADROOMS:
         plan = oracle_plan(required * headroom, loop.cold_start_s, limits.min_replicas, limits.max_replicas)
         fleet = RequestFleet(profile, trace, int(plan[0]), loop.cold_start_s, tick_s)
         timeline = run(fleet, Oracle(plan, headroom), loop, trace.duration_s, progress=_bind(progress, f"oracle x{headroom:g}"))
-        best = score("oracle", fleet, timeline, required, trace.duration_s, note=f"headroom x{headroom:g}")
+        best = score("oracle", fleet, timeline, required, trace.duration_s, note=f"headroom x{headroom:g}", warmup_s=warmup_s)
         if best.result.attainment >= target:
             break
     return best
@@ -153,7 +158,7 @@ def _bind(progress, name):
     return lambda t: progress(name, t)
 
 
-def _static_search(trace, profile, loop, limits, required, tick_s, target, progress) -> PolicyRun:
+def _static_search(trace, profile, loop, limits, required, tick_s, target, progress, warmup_s) -> PolicyRun:
     """The smallest fixed fleet that reaches `target` (bisection): what a causal policy costs if it
     cannot follow the load at all and simply provisions for it."""
     n_plan = len(required)
@@ -164,7 +169,7 @@ def _static_search(trace, profile, loop, limits, required, tick_s, target, progr
         plan = np.full(n_plan, n, dtype=np.int64)
         fleet = RequestFleet(profile, trace, n, loop.cold_start_s, tick_s)
         timeline = run(fleet, Oracle(plan, 1.0), loop, trace.duration_s, progress=_bind(progress, f"static {n}"))
-        scored = score("static", fleet, timeline, required, trace.duration_s, note=f"{n} replicas")
+        scored = score("static", fleet, timeline, required, trace.duration_s, note=f"{n} replicas", warmup_s=warmup_s)
         if scored.result.attainment >= target:
             best, hi = scored, n - 1
         else:
