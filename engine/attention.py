@@ -30,7 +30,7 @@ class AttentionMetadata:
     # Decode sequences: rows in the flattened batch, padded slot table and its validity mask.
     decode_rows: torch.Tensor | None = None  # (B,)
     decode_slots: torch.Tensor | None = None  # (B, max_context)
-    decode_mask: torch.Tensor | None = None   # (B, 1, 1, max_context) True where a key is real
+    decode_mask: torch.Tensor | None = None   # (B, 1, 1, max_context) True where a key is real; None if all are
 
     @staticmethod
     def build(seqs: list[tuple[int, int, int, list[int]]], block_size: int, device="cpu") -> "AttentionMetadata":
@@ -55,7 +55,8 @@ class AttentionMetadata:
                 mask[i, : len(s)] = True
             meta.decode_rows = torch.tensor([r for r, _ in dec], dtype=torch.long, device=device)
             meta.decode_slots = table.to(device)
-            meta.decode_mask = mask[:, None, None, :].to(device)
+            if not bool(mask.all()):  # equal lengths (always at batch 1) need no mask: cheaper SDPA
+                meta.decode_mask = mask[:, None, None, :].to(device)
         return meta
 
 

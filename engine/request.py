@@ -25,8 +25,8 @@ class SamplingParams:
             raise ValueError("temperature must be >= 0")
         if not 0 < self.top_p <= 1:
             raise ValueError("top_p must be in (0, 1]")
-        if self.top_k == 0 or self.top_k < -1:
-            raise ValueError("top_k must be -1 (off) or a positive integer")
+        if self.top_k < -1:
+            raise ValueError("top_k must be -1 or 0 (off) or a positive integer")
 
     @property
     def greedy(self) -> bool:
