@@ -1,0 +1,68 @@
+"""Sampling parameters and finishing rules: top-k/top-p, EOS, ignore_eos, stop tokens, max_tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.request import SamplingParams
+from engine.sampler import Sampler
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy():
+    logits = torch.randn(4, 1000, generator=torch.Generator().manual_seed(0)) * 3
+    greedy = logits.argmax(-1).tolist()
+    s = Sampler(seed=0)
+    hot = dict(max_tokens=1, temperature=5.0)
+    # Only the best token survives either filter, however hot the temperature.
+    assert s.sample(logits, list("abcd"), [SamplingParams(top_k=1, **hot)] * 4) == greedy
+    assert s.sample(logits, list("abcd"), [SamplingParams(top_p=1e-6, **hot)] * 4) == greedy
+
+
+def test_top_k_keeps_draws_inside_the_k_best():
+    logits = torch.randn(1, 1000, generator=torch.Generator().manual_seed(1))
+    top5 = set(torch.topk(logits[0], 5).indices.tolist())
+    s = Sampler(seed=3)
+    draws = {s.sample(logits, ["r"], [SamplingParams(max_tokens=1, temperature=10.0, top_k=5)])[0] for _ in range(200)}
+    # At temperature 10 the 5 survivors are near uniform: 200 draws hit all of them and nothing else.
+    assert draws == top5
+
+
+def _greedy(make_engine, tokenizer, **params):
+    engine = make_engine(num_blocks=32)
+    ids = tokenizer.encode("The keeper climbed the stairs")
+    engine.add_request("r", ids, SamplingParams(temperature=0, **params), detokenize=False)
+    outs = []
+    while engine.has_work():
+        outs.extend(engine.step())
+    return engine, [o.new_token_ids[0] for o in outs], outs[-1].finish_reason
+
+
+def test_eos_stops_unless_ignored(make_engine, tiny_tokenizer):
+    _, free_run, reason = _greedy(make_engine, tiny_tokenizer, max_tokens=8, ignore_eos=True)
+    assert reason == "length" and len(free_run) == 8
+    eos = free_run[3]
+    first = free_run.index(eos)
+    engine = make_engine(num_blocks=32)
+    engine.eos_ids = {eos}   # pretend the 4th greedy token is the model's EOS
+    ids = tiny_tokenizer.encode("The keeper climbed the stairs")
+    engine.add_request("r", ids, SamplingParams(max_tokens=8, temperature=0), detokenize=False)
+    outs = []
+    while engine.has_work():
+        outs.extend(engine.step())
+    # Generation ends on the first EOS, which is counted, with finish_reason "stop".
+    assert [o.new_token_ids[0] for o in outs] == free_run[: first + 1] and outs[-1].finish_reason == "stop"
+    assert engine.kv.pool.num_free_blocks == 32
+
+
+def test_stop_token_ids_end_the_request(make_engine, tiny_tokenizer):
+    _, free_run, _ = _greedy(make_engine, tiny_tokenizer, max_tokens=8, ignore_eos=True)
+    target = free_run[5]
+    _, run, reason = _greedy(make_engine, tiny_tokenizer, max_tokens=8, ignore_eos=True, stop_token_ids=[target])
+    assert run == free_run[: free_run.index(target) + 1] and reason == "stop"
+
+
+@pytest.mark.parametrize("bad", [dict(max_tokens=0), dict(temperature=-0.1), dict(top_p=0.0), dict(top_k=-2)])
+def test_bad_sampling_params_are_rejected(bad):
+    with pytest.raises(ValueError):
+        SamplingParams(**bad)
