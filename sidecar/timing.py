@@ -15,7 +15,7 @@ a client's SSE parser can act on it.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 _loads = json.loads
 

@@ -7,7 +7,6 @@ engine / tp_rank labels, histograms and info series the scraper must skip).
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest

@@ -6,7 +6,6 @@ real Prometheus server scraping it.
 
 from __future__ import annotations
 
-import json
 import shutil
 import signal
 import subprocess
