@@ -47,8 +47,9 @@ def test_logits_match_transformers(make_engine, hf_tiny, tiny_tokenizer):
     dict(enable_chunked_prefill=False),
     dict(enable_prefix_caching=False),
     dict(max_num_batched_tokens=16),                                 # every prompt split into chunks
+    dict(max_num_batched_tokens=24),                                 # steps of 17..24 rows: packed GEMM path
     dict(enable_chunked_prefill=False, enable_prefix_caching=False),
-], ids=["default", "no-chunked", "no-prefix", "chunks-of-16", "neither"])
+], ids=["default", "no-chunked", "no-prefix", "chunks-of-16", "chunks-of-24", "neither"])
 def test_greedy_batch_matches_transformers(make_engine, tiny_tokenizer, reference, cfg):
     engine = make_engine(num_blocks=128, **cfg)
     params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
@@ -87,3 +88,15 @@ def test_seeded_sampling_is_reproducible(make_engine, tiny_tokenizer):
     assert a[0] == b
     unseeded = SamplingParams(max_tokens=12, temperature=5.0, ignore_eos=True)
     assert make_engine(num_blocks=32, seed=1).generate([ids], unseeded) != make_engine(num_blocks=32, seed=2).generate([ids], unseeded)
+
+
+@pytest.mark.parametrize("rows", [1, 16, 17, 20, 32, 33, 100])
+def test_projection_paths_agree(rows):
+    from engine.model import Proj, packed_gemm_available
+
+    if not packed_gemm_available("cpu"):
+        pytest.skip("this torch has no MKL packed GEMM")
+    g = torch.Generator().manual_seed(rows)
+    w_t, x = torch.randn(64, 300, generator=g), torch.randn(rows, 64, generator=g)
+    # Packed (17..32 rows, padded to 32) or plain, every row count gives x @ W_t.
+    assert torch.allclose(Proj(w_t, packed=True)(x), x @ w_t, atol=1e-4)
