@@ -1,0 +1,160 @@
+"""The measured path's own HTTP/1.1 client: response framing, pooling, stale connections, timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sidecar.upstream import Connection, UpstreamFailed, UpstreamPool
+
+
+class _Pool:
+    def forget(self, conn):
+        pass
+
+
+class _Transport:
+    def __init__(self):
+        self.aborted = False
+
+    def abort(self):
+        self.aborted = True
+
+
+def feed(response: bytes, cuts: list[int]) -> tuple[Connection, list[bytes]]:
+    """Feed `response` to a Connection in pieces cut at `cuts`; returns it and the body pieces."""
+    conn = Connection(_Pool())
+    conn.connection_made(_Transport())
+    pieces: list[bytes] = []
+    conn._sink = pieces.append
+    bounds = [0, *sorted(set(cuts)), len(response)]
+    for a, b in zip(bounds, bounds[1:]):
+        if b > a:
+            conn.data_received(response[a:b])
+    return conn, pieces
+
+
+BODY = b"data: {\"a\": 1}\n\n" * 3 + b"data: [DONE]\n\n"
+CHUNKED = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+           + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in (BODY[:16], BODY[16:40], BODY[40:]))
+           + b"0\r\n\r\n")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=len(CHUNKED) - 1), max_size=10))
+def test_chunked_body_survives_any_split(cuts):
+    conn, pieces = feed(CHUNKED, cuts)
+    # The body is the concatenation of the chunks' data, however the reads fell.
+    assert b"".join(pieces) == BODY
+    assert conn.head.status == 200 and conn.head.content_type == "text/event-stream"
+    assert conn.reusable
+
+
+def test_chunk_extensions_and_trailers():
+    response = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                b"5;name=value\r\nhello\r\n0\r\nX-Trailer: 1\r\n\r\n")
+    conn, pieces = feed(response, [])
+    assert b"".join(pieces) == b"hello" and conn.reusable
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=60), max_size=6))
+def test_content_length_body_survives_any_split(cuts):
+    body = b'{"choices": [{"text": "hi"}]}'
+    response = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    conn, pieces = feed(response, [c for c in cuts if c < len(response)])
+    assert b"".join(pieces) == body and conn.reusable
+
+
+def test_body_until_close_ends_cleanly_and_is_not_reused():
+    conn, pieces = feed(b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n{\"a\"", [])
+    conn.data_received(b": 1}")
+    conn.connection_lost(None)
+    assert b"".join(pieces) == b'{"a": 1}'
+    assert conn.error is None and not conn.reusable
+
+
+def test_connection_close_header_prevents_reuse():
+    conn, _ = feed(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok", [])
+    assert not conn.reusable
+
+
+def test_cut_stream_reports_upstream_disconnected():
+    conn, pieces = feed(CHUNKED[:120], [])
+    conn.connection_lost(ConnectionResetError())
+    assert conn.error == "upstream_disconnected" and b"".join(pieces) == BODY[:len(b"".join(pieces))]
+
+
+class _Server:
+    """A tiny keep-alive HTTP server that counts connections and can drop idle ones."""
+
+    def __init__(self, hold: float = 0.0):
+        self.connections = 0
+        self.writers: list[asyncio.StreamWriter] = []
+        self.hold = hold
+
+    async def handle(self, reader, writer):
+        self.connections += 1
+        self.writers.append(writer)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(next((ln.split(b":")[1] for ln in head.split(b"\r\n")
+                                   if ln.lower().startswith(b"content-length")), b"0"))
+                await reader.readexactly(length)
+                if self.hold:
+                    await asyncio.sleep(self.hold)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+
+async def _with_server(server: _Server, body):
+    listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    try:
+        return await body(port)
+    finally:
+        listener.close()
+
+
+def test_pool_reuses_and_retries_a_connection_closed_while_idle():
+    server = _Server()
+
+    async def body(port):
+        pool = UpstreamPool(f"http://127.0.0.1:{port}", 2.0, 5.0)
+        answers = []
+        for i in range(3):
+            if i == 2:
+                for w in server.writers:      # the upstream drops its idle keep-alive connections
+                    w.close()
+                await asyncio.sleep(0.05)
+            conn = await pool.request("POST", "/v1/completions", {}, b"{}")
+            answers.append(await conn.read_body())
+            pool.release(conn)
+        await pool.close()
+        return answers
+
+    answers = asyncio.run(_with_server(server, body))
+    assert answers == [b"ok"] * 3
+    # One connection served the first two requests; the third needed a new one after the drop.
+    assert server.connections == 2
+
+
+def test_no_answer_within_the_read_timeout_is_504():
+    server = _Server(hold=2.0)
+
+    async def body(port):
+        pool = UpstreamPool(f"http://127.0.0.1:{port}", 2.0, 0.3)
+        try:
+            with pytest.raises(UpstreamFailed) as info:
+                await pool.request("POST", "/v1/completions", {}, b"{}")
+        finally:
+            await pool.close()
+        return info.value
+
+    failure = asyncio.run(_with_server(server, body))
+    assert (failure.status, failure.error_type) == (504, "upstream_timeout")
