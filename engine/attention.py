@@ -21,6 +21,8 @@ class PrefillSeq:
     query_len: int
     context_len: int      # tokens attended to, including this step's
     kv_slots: torch.Tensor  # (context_len,) slots of positions 0..context_len-1
+    # (query_len, context_len) causal mask offset by the cached context; None = plain causal.
+    mask: torch.Tensor | None = None
 
 
 @dataclass
@@ -44,7 +46,11 @@ class AttentionMetadata:
             if qlen == 1:
                 dec.append((start, slots))
             else:
-                prefills.append(PrefillSeq(start, qlen, ctx, slots.to(device)))
+                mask = None
+                if ctx != qlen:
+                    # Query i sits at position ctx - qlen + i and sees keys up to it.
+                    mask = (torch.arange(ctx)[None, :] <= torch.arange(ctx - qlen, ctx)[:, None]).to(device)
+                prefills.append(PrefillSeq(start, qlen, ctx, slots.to(device), mask))
         meta = AttentionMetadata(slot_mapping=torch.cat(slot_parts).to(device), prefills=prefills)
         if dec:
             width = max(len(s) for _, s in dec)
@@ -70,25 +76,28 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     T, KV, D = k.shape
     k_cache.index_copy_(0, meta.slot_mapping, k.reshape(T, KV * D))
     v_cache.index_copy_(0, meta.slot_mapping, v.reshape(T, KV * D))
+    if not meta.prefills:
+        # A pure decode step: rows are the sequences in order, no scatter needed.
+        return _decode(q, k_cache, v_cache, meta, scale, KV, D)
     out = torch.empty_like(q)
     for p in meta.prefills:
         qs = q[p.query_start: p.query_start + p.query_len].transpose(0, 1).unsqueeze(0)
         ks = F.embedding(p.kv_slots, k_cache).view(-1, KV, D).transpose(0, 1).unsqueeze(0)
         vs = F.embedding(p.kv_slots, v_cache).view(-1, KV, D).transpose(0, 1).unsqueeze(0)
-        if p.context_len == p.query_len:
+        if p.mask is None:
             o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
         else:
-            # Query i sits at position context_len - query_len + i and sees keys up to it.
-            first = p.context_len - p.query_len
-            qpos = torch.arange(first, p.context_len, device=q.device)[:, None]
-            mask = torch.arange(p.context_len, device=q.device)[None, :] <= qpos
-            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True)
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=p.mask, scale=scale, enable_gqa=True)
         out[p.query_start: p.query_start + p.query_len] = o[0].transpose(0, 1)
     if meta.decode_rows is not None:
-        qd = q.index_select(0, meta.decode_rows).unsqueeze(2)           # (B, H, 1, D)
-        B, C = meta.decode_slots.shape
-        kd = F.embedding(meta.decode_slots, k_cache).view(B, C, KV, D).transpose(1, 2)  # (B, KV, C, D)
-        vd = F.embedding(meta.decode_slots, v_cache).view(B, C, KV, D).transpose(1, 2)
-        o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True)
-        out.index_copy_(0, meta.decode_rows, o.squeeze(2))
+        out.index_copy_(0, meta.decode_rows, _decode(q.index_select(0, meta.decode_rows), k_cache, v_cache, meta, scale, KV, D))
     return out
+
+
+def _decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, KV: int, D: int) -> torch.Tensor:
+    """One query per sequence, keys gathered into a padded (B, KV, C, D) batch. q: (B, H, D)."""
+    B, C = meta.decode_slots.shape
+    kd = F.embedding(meta.decode_slots, k_cache).view(B, C, KV, D).transpose(1, 2)
+    vd = F.embedding(meta.decode_slots, v_cache).view(B, C, KV, D).transpose(1, 2)
+    o = F.scaled_dot_product_attention(q.unsqueeze(2), kd, vd, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True)
+    return o.squeeze(2)
