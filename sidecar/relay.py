@@ -115,6 +115,8 @@ async def relay_sse(request: web.BaseRequest, conn, timer: StreamTimer, clock) -
     out = _SseResponse(status=conn.head.status, reason=conn.head.reason, headers=head_headers(conn.head.headers))
     await out.prepare(request)
     head = _take_headers(out)
+    # HTTP/1.1 clients get chunked framing; an HTTP/1.0 client gets the bytes until the close.
+    chunked = getattr(out._payload_writer, "chunked", True)
     transport = request.transport
     relay = timer.relay
     loop = asyncio.get_running_loop()
@@ -124,7 +126,7 @@ async def relay_sse(request: web.BaseRequest, conn, timer: StreamTimer, clock) -
         nonlocal head
         forward = relay(data, clock())
         if forward and not transport.is_closing():
-            frame = b"%x\r\n%s\r\n" % (len(forward), forward)
+            frame = b"%x\r\n%s\r\n" % (len(forward), forward) if chunked else forward
             if head:
                 frame, head = head + frame, b""   # status line and headers leave with the first bytes
             transport.write(frame)
@@ -142,7 +144,7 @@ async def relay_sse(request: web.BaseRequest, conn, timer: StreamTimer, clock) -
             else "the upstream sent nothing for too long"
         event = b"data: " + error_body(message, error_type, 504 if error_type == "upstream_timeout" else 502) \
             + b"\n\ndata: [DONE]\n\n"
-        transport.write(b"%x\r\n%s\r\n" % (len(event), event))
+        transport.write(b"%x\r\n%s\r\n" % (len(event), event) if chunked else event)
     await out.write_eof()
     return out, error_type
 

@@ -186,3 +186,21 @@ def test_sidecar_asks_the_upstream_for_usage_and_keeps_the_rest_of_the_body(side
     assert '"usage"' not in r.text          # the client did not ask for it
     seen = upstream_stats(upstream)["last_body"]
     assert seen == body | {"stream_options": {"include_usage": True}}
+
+
+def test_http10_client_gets_an_unframed_stream_until_close(sidecar):
+    import socket
+    payload = json.dumps({"model": "scripted", "prompt": "x", "max_tokens": 2, "stream": True,
+                          "script": {"ttft": 0, "itl": 0}}).encode()
+    port = int(sidecar.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                     % (len(payload), payload))
+        raw = b""
+        while chunk := sock.recv(65536):
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    # No chunk sizes: HTTP/1.0 has no chunked coding, so the events run until the connection closes.
+    assert head.startswith(b"HTTP/1.0 200") and b"chunked" not in head.lower()
+    assert body.startswith(b"data: {") and body.endswith(b"data: [DONE]\n\n")
+    assert body.count(b'"text":"t') == 2
