@@ -19,7 +19,8 @@ from sidecar.upstream import UpstreamFailed
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones aiohttp recomputes.
 _DROP_REQUEST = frozenset(("connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
-                           "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length"))
+                           "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length",
+                           "expect"))   # the sidecar answers 100-continue itself and sends bodies whole
 _DROP_RESPONSE = frozenset(("connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
                             "trailer", "trailers", "transfer-encoding", "upgrade", "content-length", "server", "date"))
 
@@ -41,6 +42,9 @@ def error_response(status: int, message: str, error_type: str, headers: dict | N
 async def read_body(request: web.BaseRequest, limit: int) -> bytes:
     if request.content_length is not None and request.content_length > limit:
         raise BodyTooLarge()
+    if request.headers.get("Expect", "").lower() == "100-continue" and request.version >= (1, 1):
+        # The client waits (curl: 1 s) for this before sending a large body.
+        request.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
     chunks, size = [], 0
     while True:
         chunk = await request.content.readany()

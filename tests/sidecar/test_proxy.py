@@ -204,3 +204,20 @@ def test_http10_client_gets_an_unframed_stream_until_close(sidecar):
     assert head.startswith(b"HTTP/1.0 200") and b"chunked" not in head.lower()
     assert body.startswith(b"data: {") and body.endswith(b"data: [DONE]\n\n")
     assert body.count(b'"text":"t') == 2
+
+
+def test_expect_100_continue_is_answered_at_once(sidecar, upstream):
+    import socket
+    from tests.sidecar.conftest import upstream_stats
+    payload = json.dumps({"model": "scripted", "prompt": "x" * 2000, "max_tokens": 2}).encode()
+    port = int(sidecar.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(payload))
+        sock.settimeout(0.5)        # curl would give up waiting after 1 s and send anyway
+        assert sock.recv(1024) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.settimeout(10)
+        sock.sendall(payload)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+    # The sidecar sends the body whole, so the upstream must not be asked to say 100 itself.
+    assert "expect" not in upstream_stats(upstream)["last_headers"]
