@@ -169,9 +169,15 @@ class Connection(asyncio.Protocol):
                 length = int(value)
             elif low == "connection":
                 keep_alive = "close" not in value.lower() and (keep_alive or "keep-alive" in value.lower())
+        status = int(code)
+        if 100 <= status < 200 and status != 101:
+            # An interim answer (103 Early Hints, an unasked-for 100): the real head follows.
+            self._buf = b""
+            if len(buf) > end + 4:
+                self._parse_head(buf[end + 4:])
+            return
         self._keep_alive = keep_alive
         self._buf = b""
-        status = int(code)
         self.head = Head(status, reason, headers)
         rest_bytes = buf[end + 4:]
         if chunked:

@@ -158,3 +158,8 @@ def test_no_answer_within_the_read_timeout_is_504():
 
     failure = asyncio.run(_with_server(server, body))
     assert (failure.status, failure.error_type) == (504, "upstream_timeout")
+
+
+def test_interim_1xx_heads_are_skipped():
+    conn, pieces = feed(b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", [30])
+    assert conn.head.status == 200 and b"".join(pieces) == b"ok"
