@@ -56,9 +56,14 @@ class KVCacheManager:
             if block is None:
                 break
             hits.append(block)
-        self.num_queries += len(token_ids)
-        self.num_hits += len(hits) * self.block_size
         return hits
+
+    def record_prefix_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
+        """Count a lookup once, when the request really starts (a request that has to wait is
+        looked up again next step)."""
+        if self.enable_caching:
+            self.num_queries += num_tokens
+            self.num_hits += num_hit_tokens
 
     def num_blocks_needed(self, request_id: str, num_tokens: int, new_computed: list[Block]) -> int:
         have = len(self.block_tables.get(request_id, [])) + len(new_computed)

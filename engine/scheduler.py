@@ -106,11 +106,9 @@ class Scheduler:
             want = req.num_tokens - computed
             n = want if want <= budget else (budget if self.chunked else 0)
             if n == 0 or not self.kv.can_allocate(req.request_id, computed + n, hits):
-                # Undo the query count: this lookup is repeated when the request really starts.
-                self.kv.num_queries -= req.num_tokens
-                self.kv.num_hits -= computed
                 break
             self.waiting.popleft()
+            self.kv.record_prefix_lookup(req.num_tokens, computed)
             table = self.kv.allocate(req.request_id, computed + n, hits, req.all_token_ids, req.salt)
             req.num_computed_tokens = computed
             req.num_cached_tokens = computed

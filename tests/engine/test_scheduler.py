@@ -170,3 +170,26 @@ def test_every_block_free_after_finish_abort_preempt_mix():
         sched.finish(rid, "abort")
     assert kv.pool.num_free_blocks == 6 and all(b.ref_cnt == 0 for b in kv.pool.blocks)
     assert not sched.running and not sched.waiting and kv.block_tables == {}
+
+
+def test_prefix_counters_count_each_request_once():
+    kv, sched = make(num_blocks=4)
+    sched.add(req("a", 60))                 # 4 blocks: the whole pool
+    run_step(sched)
+    sched.add(req("b", 20, start=200))
+    for _ in range(3):
+        run_step(sched)                     # b waits: looked up every step, counted never
+    assert kv.num_queries == 60 and kv.num_hits == 0
+    sched.finish("a", "stop")
+    run_step(sched)                         # b starts now: counted once
+    assert kv.num_queries == 80
+
+
+def test_no_prefix_caching_counts_nothing_and_caches_nothing():
+    kv, sched = make(caching=False)
+    for rid in ("a", "b"):
+        sched.add(req(rid, 40))
+        out = run_step(sched)
+        sched.finish(rid, "stop")
+        assert out.seqs[0].start_pos == 0   # the same prompt is computed in full both times
+    assert kv.num_queries == 0 and kv.num_hits == 0 and kv.pool.cached == {}
