@@ -9,8 +9,8 @@ A request is *waiting* (vLLM's num_requests_waiting) until its first prompt chun
 which happens only when the tick still has prefill budget, a batch slot and KV room for the
 request's prompt + output (reserved up front, so there are no preemptions).
 
-Routing: least outstanding requests among ready replicas, at the start of the tick after the
-request arrived (so scheduling is late by under one tick, never early). Replicas start cold
+Routing: least outstanding requests among ready replicas, at the first tick start at or after the
+request's arrival (so scheduling is late by under one tick, never early). Replicas start cold
 (counted as cost, not serving) and drain when removed (finish everything they hold, take nothing
 new). A request whose prompt + output can never fit in one replica's KV cache is dropped.
 """

@@ -4,8 +4,8 @@
   by the forecaster's reader (forecaster/traces.py); here it becomes arrays, optionally scaled.
 - ServeGen client folder (chunk-<client>-trace.csv, no header: window start s, rate req/s, cv,
   distribution Gamma|Weibull, shape, scale): per client and 10-minute window, the rate and the
-  fitted inter-arrival distribution. Arrivals are drawn inside each window from each client's
-  fitted distribution, rescaled so its mean gap is 1/rate (the fitted scale and the published rate
+  fitted inter-arrival distribution. servegen_requests() draws the arrivals inside each window
+  from each client's fitted distribution, rescaled so its mean gap is 1/rate (the fitted scale and the published rate
   disagree for some Weibull rows; the rate is what the trace counts, the shape keeps the burstiness),
   starting at a random phase, with a fixed seed; the clients are summed. (forecaster/traces.py
   sums the clients' rates per window; the simulator needs the arrivals themselves.)
@@ -42,19 +42,6 @@ class RequestTrace:
 
     def __len__(self) -> int:
         return len(self.arrival_s)
-
-
-@dataclass(frozen=True)
-class CountTrace:
-    """Arrival counts per `step_s` bin (the fleet-level view of a per-client trace)."""
-
-    name: str
-    step_s: float
-    counts: np.ndarray
-
-    @property
-    def duration_s(self) -> float:
-        return len(self.counts) * self.step_s
 
 
 def read_azure_csv(path: str | Path, rate_scale: float = 1.0, seed: int = 0) -> RequestTrace:
@@ -122,49 +109,10 @@ def _draw(rng: np.random.Generator, dist: str, shape: float, scale: float, n: in
     return scale * rng.weibull(shape, n)
 
 
-def read_servegen(folder: str | Path, step_s: float = 1.0, seed: int = 0, rate_scale: float = 1.0,
-                  start_s: float = 0.0, duration_s: float | None = None, progress=None) -> CountTrace:
-    """Sum a ServeGen client folder into arrival counts per `step_s` bin, drawing every arrival.
-
-    `start_s`/`duration_s` cut a slice (whole 10-minute windows); `rate_scale` multiplies every
-    client's rate. `progress(done, total)` is called once per client file.
-    """
-    folder = Path(folder)
-    files = sorted(folder.glob("chunk-*-trace.csv"), key=lambda p: int(p.stem.split("-")[1]))
-    if not files:
-        raise ValueError(f"{folder}: no chunk-<client>-trace.csv files; pass a ServeGen client folder")
-    if SERVEGEN_WINDOW_S % step_s:
-        raise ValueError(f"step {step_s} s must divide the 600 s ServeGen window")
-    rng = np.random.default_rng(seed)
-    counts: np.ndarray | None = None
-    bins_per_window = int(SERVEGEN_WINDOW_S / step_s)
-    for i, path in enumerate(files):
-        rows = [line.split(",") for line in path.read_text().splitlines() if line.strip()]
-        if counts is None:
-            last = float(rows[-1][0]) + SERVEGEN_WINDOW_S
-            end = last if duration_s is None else min(last, start_s + duration_s)
-            first_window = int(start_s // SERVEGEN_WINDOW_S)
-            num_windows = int(math.ceil((end - first_window * SERVEGEN_WINDOW_S) / SERVEGEN_WINDOW_S))
-            counts = np.zeros(num_windows * bins_per_window, dtype=np.int64)
-        for row in rows:
-            w = int(float(row[0]) // SERVEGEN_WINDOW_S) - first_window
-            if not 0 <= w < num_windows or not row[3]:
-                continue
-            rate = float(row[1]) * rate_scale
-            if rate <= 0:
-                continue
-            t = _window_arrivals(rng, row[3], float(row[4]), rate, SERVEGEN_WINDOW_S)
-            counts[w * bins_per_window:(w + 1) * bins_per_window] += np.bincount(
-                (t / step_s).astype(np.int64), minlength=bins_per_window)[:bins_per_window]
-        if progress:
-            progress(i + 1, len(files))
-    return CountTrace(f"servegen-{folder.name}", step_s, counts)
-
-
 def servegen_requests(folder: str | Path, lengths: RequestTrace, start_s: float, duration_s: float,
                       rate_scale: float = 1.0, seed: int = 0) -> RequestTrace:
-    """A per-request slice of the summed ServeGen clients: every arrival drawn as in read_servegen,
-    with prompt/output lengths drawn (with replacement) from `lengths` (ServeGen's language files
+    """A per-request slice of the summed ServeGen clients (every arrival drawn, see the module
+    docstring), with prompt/output lengths drawn (with replacement) from `lengths` (ServeGen's language files
     carry rates only, no lengths)."""
     folder = Path(folder)
     files = sorted(folder.glob("chunk-*-trace.csv"), key=lambda p: int(p.stem.split("-")[1]))
