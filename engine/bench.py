@@ -199,8 +199,8 @@ def run_bench(args) -> int:
         res["profiles"] = {}
         missed = res["ratios"]["missed"]
         if any(k.startswith("decode") for k in missed):
-            res["profiles"]["decode_batch_1"] = profile_ops(engine, 1, PROMPT_LEN, 3)
-            res["profiles"]["decode_batch_32"] = profile_ops(engine, 32, PROMPT_LEN, 3)
+            for b in DECODE_BATCHES:
+                res["profiles"][f"decode_batch_{b}"] = profile_ops(engine, b, PROMPT_LEN, 3)
         if any(k.startswith("prefill") for k in missed):
             res["profiles"]["prefill_1024"] = profile_ops(engine, 1, PREFILL_LEN, 1)
     res["wall_s"] = time.perf_counter() - started
