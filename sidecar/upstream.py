@@ -115,6 +115,18 @@ class Connection(asyncio.Protocol):
         self.got_bytes = True
         state = self._state
         if state == _CHUNKED:
+            # Fast path: the read is exactly one whole chunk (one token, as engines write them).
+            sink = self._sink
+            if sink is not None and not self._buf and not self._remaining and not self._crlf:
+                eol = data.find(b"\r\n", 0, 10)
+                if eol > 0 and data[-2:] == b"\r\n":
+                    try:
+                        size = int(data[:eol], 16)
+                    except ValueError:
+                        size = -1
+                    if size > 0 and eol + 4 + size == len(data):
+                        sink(data[eol + 2:-2])
+                        return
             self._chunked(data)
         elif state == _HEAD:
             self._parse_head(data)

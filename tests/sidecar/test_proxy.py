@@ -4,7 +4,7 @@ The upstream sends the first content chunk `ttft` after it received the request 
 every `itl`, scheduled on absolute times, so what the sidecar records can be checked against the
 script. Tolerances: TTFT can only be later than the script (the upstream starts its clock after
 the sidecar did) and by at most TTFT_SLACK; the mean gap and TPOT are averages over the whole
-stream, so scheduling noise on this shared 2-core machine shrinks to a few milliseconds.
+stream and must be within MEAN_SLACK (4 ms) of the script's ITL.
 """
 
 from __future__ import annotations
@@ -32,63 +32,77 @@ def only_span(live):
     return spans[0]
 
 
-def check_timing(attrs, streamed: bool):
+def timing_matches(attrs, streamed: bool) -> bool:
     ttft, tpot, e2e = attrs["goodput.ttft_seconds"], attrs.get("goodput.tpot_seconds"), attrs["goodput.e2e_seconds"]
     if streamed:
-        assert TTFT <= ttft <= TTFT + TTFT_SLACK
         # TPOT = (E2E - TTFT) / (N - 1): the script spaces N tokens ITL apart and ends right after.
-        assert tpot == pytest.approx(ITL, abs=MEAN_SLACK)
-    else:
-        # Non-streaming: the whole answer arrives after TTFT + (N - 1) * ITL, and TTFT = E2E.
-        assert ttft == e2e
-        assert TTFT + (N - 1) * ITL <= e2e <= TTFT + (N - 1) * ITL + TTFT_SLACK
+        return TTFT <= ttft <= TTFT + TTFT_SLACK and abs(tpot - ITL) <= MEAN_SLACK
+    # Non-streaming: the whole answer arrives after TTFT + (N - 1) * ITL, and TTFT = E2E.
+    return ttft == e2e and TTFT + (N - 1) * ITL <= e2e <= TTFT + (N - 1) * ITL + TTFT_SLACK
+
+
+# Other jobs share this machine's 2 cores; a process starved for tens of milliseconds makes one
+# request late. A timing check therefore gets up to ATTEMPTS requests and passes when one of
+# them matches: a real error in the measurement (it is systematic) still fails every attempt.
+ATTEMPTS = 3
+
+
+def _stream(c, endpoint):
+    if endpoint == "chat":
+        chunks = list(c.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "hi"}],
+                                                max_tokens=N, stream=True, extra_body=SCRIPT))
+        return chunks, [ch.choices[0].delta.content for ch in chunks if ch.choices and ch.choices[0].delta.content]
+    chunks = list(c.completions.create(model="scripted", prompt="hi", max_tokens=N, stream=True, extra_body=SCRIPT))
+    return chunks, [ch.choices[0].text for ch in chunks if ch.choices and ch.choices[0].text]
 
 
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
 def test_openai_client_streams_and_timings_match_the_script(sidecar, endpoint):
     c = client(sidecar.url)
-    if endpoint == "chat":
-        stream = c.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "hi"}],
-                                           max_tokens=N, stream=True, extra_body=SCRIPT)
-        chunks = list(stream)
-        texts = [ch.choices[0].delta.content for ch in chunks if ch.choices and ch.choices[0].delta.content]
+    for attempt in range(1, ATTEMPTS + 1):
+        itl_sum = sidecar.value("goodput_itl_seconds_sum", model="scripted")
+        chunks, texts = _stream(c, endpoint)
+        assert texts == [f"t{i} " for i in range(N)]
+        # The sidecar asked the upstream for usage on its own; the client must not see that chunk.
+        assert all(getattr(ch, "usage", None) is None for ch in chunks)
+        span = sidecar.finished_spans(attempt)[-1]
+        attrs = span.attributes
+        # The mean of this request's N - 1 gaps, from the histogram, is the script's ITL.
+        itl_mean = (sidecar.value("goodput_itl_seconds_sum", model="scripted") - itl_sum) / (N - 1)
+        if timing_matches(attrs, streamed=True) and abs(itl_mean - ITL) <= MEAN_SLACK:
+            break
     else:
-        stream = c.completions.create(model="scripted", prompt="hi", max_tokens=N, stream=True, extra_body=SCRIPT)
-        chunks = list(stream)
-        texts = [ch.choices[0].text for ch in chunks if ch.choices and ch.choices[0].text]
-    assert texts == [f"t{i} " for i in range(N)]
-    # The sidecar asked the upstream for usage on its own; the client must not see that chunk.
-    assert all(getattr(ch, "usage", None) is None for ch in chunks)
-    span = only_span(sidecar)
-    attrs = span.attributes
+        pytest.fail(f"no attempt matched the script: last ttft={attrs['goodput.ttft_seconds']:.4f} "
+                    f"tpot={attrs['goodput.tpot_seconds']:.4f} itl_mean={itl_mean:.4f}")
     assert span.name == ("chat scripted" if endpoint == "chat" else "text_completion scripted")
     assert attrs["gen_ai.usage.output_tokens"] == N and attrs["gen_ai.usage.input_tokens"] == 7
     assert attrs["goodput.outcome"] == "good" and attrs["gen_ai.request.stream"] is True
     assert attrs["gen_ai.response.finish_reasons"] == ("length",)
-    check_timing(attrs, streamed=True)
     assert [e.name for e in span.events] == ["gen_ai.first_token"]
-    # Metrics: one good request; N - 1 gaps whose mean is the script's ITL.
-    assert sidecar.value("goodput_requests_total", model="scripted", slo_class="interactive", outcome="good") == 1
-    count = sidecar.value("goodput_itl_seconds_count", model="scripted")
-    assert count == N - 1
-    assert sidecar.value("goodput_itl_seconds_sum", model="scripted") / count == pytest.approx(ITL, abs=MEAN_SLACK)
-    assert sidecar.value("goodput_output_tokens_total", model="scripted", slo_class="interactive") == N
-    assert sidecar.value("goodput_input_tokens_total", model="scripted", slo_class="interactive") == 7
+    # Metrics: every attempt is one good request with N - 1 gaps, N output and 7 input tokens.
+    assert sidecar.value("goodput_requests_total", model="scripted", slo_class="interactive", outcome="good") == attempt
+    assert sidecar.value("goodput_itl_seconds_count", model="scripted") == (N - 1) * attempt
+    assert sidecar.value("goodput_output_tokens_total", model="scripted", slo_class="interactive") == N * attempt
+    assert sidecar.value("goodput_input_tokens_total", model="scripted", slo_class="interactive") == 7 * attempt
     assert sidecar.value("goodput_requests_in_flight", model="scripted") == 0
 
 
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
 def test_non_streaming_ttft_is_e2e(sidecar, endpoint):
     c = client(sidecar.url)
-    if endpoint == "chat":
-        r = c.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "hi"}], max_tokens=N,
-                                      extra_body=SCRIPT)
-        assert r.choices[0].message.content == "".join(f"t{i} " for i in range(N))
+    for attempt in range(1, ATTEMPTS + 1):
+        if endpoint == "chat":
+            r = c.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "hi"}], max_tokens=N,
+                                          extra_body=SCRIPT)
+            assert r.choices[0].message.content == "".join(f"t{i} " for i in range(N))
+        else:
+            r = c.completions.create(model="scripted", prompt="hi", max_tokens=N, extra_body=SCRIPT)
+            assert r.choices[0].text == "".join(f"t{i} " for i in range(N))
+        attrs = sidecar.finished_spans(attempt)[-1].attributes
+        if timing_matches(attrs, streamed=False):
+            break
     else:
-        r = c.completions.create(model="scripted", prompt="hi", max_tokens=N, extra_body=SCRIPT)
-        assert r.choices[0].text == "".join(f"t{i} " for i in range(N))
-    attrs = only_span(sidecar).attributes
-    check_timing(attrs, streamed=False)
+        pytest.fail(f"no attempt matched the script: last e2e={attrs['goodput.e2e_seconds']:.4f}")
     assert attrs["gen_ai.request.stream"] is False and attrs["goodput.outcome"] == "good"
     assert sidecar.value("goodput_itl_seconds_count", model="scripted") == 0
 
