@@ -119,6 +119,11 @@ class HpaController:
         """The replica count the HPA writes to the scale subresource at `now` (reconcileAutoscaler)."""
         s = self.spec
         status = spec_replicas if status_replicas is None else status_replicas
+        # recordInitialRecommendation: a new HPA starts its recommendations with the current count,
+        # so one low first reading does not scale it down inside the first window.
+        if not self._window_started:
+            self._window_started = True
+            self.recommendations.append(_Stamped(now, spec_replicas))
         if spec_replicas > s.max_replicas:
             desired = s.max_replicas
         elif spec_replicas < s.min_replicas:
@@ -132,12 +137,6 @@ class HpaController:
         return desired
 
     def _stabilize(self, now: float, current: int, desired: int) -> int:
-        # maybeInitScaleDownStabilizationWindow: a new HPA starts its window with the current
-        # count, so it does not scale down in its first window on a single low reading.
-        if not self._window_started:
-            self._window_started = True
-            if self.spec.scale_down.stabilization_window_seconds > 0:
-                self.recommendations.append(_Stamped(now, current))
         up_cutoff = now - self.spec.scale_up.stabilization_window_seconds
         down_cutoff = now - self.spec.scale_down.stabilization_window_seconds
         up_rec, down_rec = desired, desired

@@ -117,8 +117,8 @@ def test_scale_down_stabilisation_keeps_the_highest_recommendation_for_300_s():
 
 def test_min_and_max_replicas_clamp():
     hpa = HpaController(HpaSpec("AverageValue", 1.0, 2, 6))
-    # A new HPA seeds its scale-down window with the current count (maybeInitScaleDown-
-    # StabilizationWindow), so a first reading of 0 does not scale down for 300 s.
+    # A new HPA seeds its recommendations with the current count (recordInitialRecommendation in
+    # horizontal.go), so a first reading of 0 does not scale down within the 300 s window.
     assert hpa.reconcile(15.0, 4, usage=0.0, ready_pods=4) == 4
     hpa = HpaController(HpaSpec("AverageValue", 1.0, 2, 6, scale_down=ScalingRules(0, DEFAULT_SCALE_DOWN.policies)))
     assert hpa.reconcile(15.0, 4, usage=0.0, ready_pods=4) == 2  # ceil(0) = 0, raised to min 2
