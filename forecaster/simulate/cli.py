@@ -113,7 +113,8 @@ def run_command(args: argparse.Namespace) -> int:
                 trace = read_azure_csv(trace_path, args.rate_scale, args.seed)
             runs, facts = simulate_trace(trace, profile, names, loop, limits, tick_s=args.tick or 0.1,
                                          target=args.target, capacity_rps=args.capacity_rps,
-                                         goodput_overrides=overrides, warmup_s=args.warmup, progress=lambda n, t: progress(n, t, trace.duration_s))
+                                         goodput_overrides=overrides, warmup_s=args.warmup,
+                                         progress=lambda n, t: progress(n, t, trace.duration_s))
             title = f"{trace.name}, {profile.name}, cold start {args.cold_start:g} s"
         except (ValueError, TypeError) as exc:
             raise UsageError(str(exc)) from exc
@@ -125,8 +126,10 @@ def run_command(args: argparse.Namespace) -> int:
              "scale_down_window_s": args.scale_down_window, "goodput_overrides": overrides, "seed": args.seed,
              "wall_s": round(time.monotonic() - started, 1), **facts}
     print(title)
+    capacity = facts.get("capacity_rps")
     print(f"SLO: TTFT <= {profile.slo.ttft_s:g} s and TPOT <= {profile.slo.tpot_s:g} s; "
-          f"forecaster capacity {facts.get('capacity_rps') or 0:.2f} req/s per replica; wall {setup['wall_s']} s")
+          + (f"forecaster capacity {capacity:.2f} req/s per replica; " if capacity else "")
+          + f"wall {setup['wall_s']} s")
     print(report.text_table(results))
     if args.json:
         report.write_json(Path(args.json), setup, results)
