@@ -25,12 +25,17 @@ class SamplingParams:
             raise ValueError("temperature must be >= 0")
         if not 0 < self.top_p <= 1:
             raise ValueError("top_p must be in (0, 1]")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**64:
+            raise ValueError("seed must fit in 64 bits")
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in self.stop_token_ids):
+            raise ValueError("stop_token_ids must be integers")
         if self.top_k < -1:
             raise ValueError("top_k must be -1 or 0 (off) or a positive integer")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        # As vLLM: below 1e-5 the softmax of logits / temperature overflows; it is greedy anyway.
+        return self.temperature < 1e-5
 
 
 class Status(enum.Enum):

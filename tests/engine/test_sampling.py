@@ -19,6 +19,12 @@ def test_top_k_one_and_tiny_top_p_are_greedy():
     assert s.sample(logits, list("abcd"), [SamplingParams(top_p=1e-6, **hot)] * 4) == greedy
 
 
+def test_tiny_temperature_is_greedy_not_nan():
+    logits = torch.randn(2, 1000, generator=torch.Generator().manual_seed(2)) * 50
+    # logits / 1e-30 would overflow to inf and the softmax to NaN; it must sample the argmax.
+    assert Sampler().sample(logits, ["a", "b"], [SamplingParams(temperature=1e-30)] * 2) == logits.argmax(-1).tolist()
+
+
 def test_top_k_keeps_draws_inside_the_k_best():
     logits = torch.randn(1, 1000, generator=torch.Generator().manual_seed(1))
     top5 = set(torch.topk(logits[0], 5).indices.tolist())
@@ -62,7 +68,8 @@ def test_stop_token_ids_end_the_request(make_engine, tiny_tokenizer):
     assert run == free_run[: free_run.index(target) + 1] and reason == "stop"
 
 
-@pytest.mark.parametrize("bad", [dict(max_tokens=0), dict(temperature=-0.1), dict(top_p=0.0), dict(top_k=-2)])
+@pytest.mark.parametrize("bad", [dict(max_tokens=0), dict(temperature=-0.1), dict(top_p=0.0), dict(top_k=-2),
+                                 dict(seed=2**64), dict(stop_token_ids=["2"])])
 def test_bad_sampling_params_are_rejected(bad):
     with pytest.raises(ValueError):
         SamplingParams(**bad)
