@@ -65,7 +65,7 @@ def _p(values: list[float], q: float) -> float:
 
 def backtest(y: np.ndarray, step_seconds: float, horizons_minutes: list[float], models: list[str],
              num_origins: int = 200, min_train: int | None = None, max_window: int | None = None,
-             season_steps: int | None = None, interval: float = 0.9, selected_candidates=("level", "naive", "holt_winters"),
+             season_steps: int | None = None, interval: float = 0.9, selected_candidates=("level", "holt_winters"),
              plot_horizon_minutes: float = 5.0, reselect_minutes: float = 60.0, progress=None) -> BacktestResult:
     y = np.asarray(y, dtype=float)
     n = len(y)

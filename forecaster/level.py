@@ -8,6 +8,10 @@ on the history is used:
 - rolling medians (bursty arrivals are skewed; the median minimises absolute error);
 - Holt's linear trend, damped (ramps: a level alone lags a ramp by slope × horizon).
 
+Recent errors weigh more (half-life `halflife` points), and when the chosen member has missed on
+the same side for the last 16 steps (Trigg's tracking signal), the choice is made on the last
+few points only, so a ramp that starts after a flat day is followed within minutes.
+
 Each member at time t uses only points up to t, so its errors on the history are genuine
 out-of-sample h-step errors, and their quantiles are the prediction interval (no distributional
 assumption). With two seasons of history the series is divided by a multiplicative daily profile
@@ -26,6 +30,8 @@ ALPHAS = (0.02, 0.04, 0.07, 0.1, 0.15, 0.2, 0.3, 0.4, 0.55, 0.7, 0.85, 1.0)
 MEDIAN_WINDOWS = (5, 10, 20, 40)
 HOLT = tuple((a, b) for a in (0.1, 0.3, 0.6) for b in (0.05, 0.2))
 DAMPING = 0.98
+TRACKING_POINTS = 16   # one-step errors in the tracking signal (4 min at 15 s)
+TRACKING_LIMIT = 0.9   # |Σe|/Σ|e| above this: biased (independent errors give ~1/√16 = 0.25)
 
 
 def _profile(y: np.ndarray, m: int, max_cycles: int = 7) -> np.ndarray:
@@ -79,6 +85,16 @@ class Level(Model):
                 best = seasonal
         return best[1]
 
+    @staticmethod
+    def _biased(d: np.ndarray, level: np.ndarray, trend: np.ndarray) -> bool:
+        """Trigg's tracking signal on the last one-step errors: |Σe| / Σ|e| near 1 means bias."""
+        k = TRACKING_POINTS
+        if len(d) < k + 2:
+            return False
+        e = d[-k:] - (level[-k - 1:-1] + trend[-k - 1:-1])
+        total = np.sum(np.abs(e))
+        return total > 0 and abs(np.sum(e)) / total > TRACKING_LIMIT
+
     def _members(self, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Level and trend of every member at every t (trend 0 for the trendless ones)."""
         n = len(d)
@@ -119,6 +135,11 @@ class Level(Model):
                 w = 0.5 ** ((n - h - t) / self.halflife) if self.halflife else np.ones(len(t))
                 maes = np.abs(errs) @ (w / w.sum())
                 best = int(np.argmin(maes))
+                if self._biased(d, levels[best], trends[best]):
+                    # The chosen member has missed on the same side for a while (a regime change,
+                    # a ramp starting): choose on the last few points only.
+                    w = 0.5 ** ((n - h - t) / TRACKING_POINTS)
+                    best = int(np.argmin(np.abs(errs) @ (w / w.sum())))
                 score += float(maes[best]) / steps
                 q_lo, q_hi = _quantiles(errs[best], self.interval)
             else:

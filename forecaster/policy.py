@@ -57,7 +57,7 @@ class PolicyConfig:
     drain_seconds: float = 60.0
     history_seconds: float = 86400.0        # kept per series (a day at 15 s = 5,760 points)
     interval: float = 0.9                   # central prediction interval; upper = its top
-    models: tuple[str, ...] = ("level", "naive", "holt_winters")  # candidates for selection
+    models: tuple[str, ...] = ("level", "holt_winters")  # candidates; level holds naive (alpha 1)
     season_seconds: float | None = 86400.0  # daily season once two days of history exist
     prior_capacity_rps: float = 1.0         # learning online: used until anything is observed
     background_selection: bool = False      # re-select models in a thread (the server); False = reproducible
@@ -223,7 +223,13 @@ class ForecastPolicy:
         # Never fewer than today's rate plus draining today's queue needs, nor the demand's upper bound.
         rate_now = float(arrivals.last or 0.0)
         need_now = math.ceil((rate_now + max(0.0, q0 - cfg.target_queue) / cfg.drain_seconds) / mu - 1e-9)
-        demand_floor = math.ceil(float(fc.upper[-1]) / mu - 1e-9)
+        # The demand's upper bound: of the mean rate over the last `drain_seconds` of the horizon
+        # (a queue drains within that, so shorter bursts need no replica of their own), with
+        # per-step errors treated as independent as in cumulative_upper.
+        w = min(H, max(1, math.ceil(cfg.drain_seconds / cfg.step_seconds)))
+        spread = np.sqrt(np.sum((fc.upper[-w:] - fc.mean[-w:]) ** 2)) / w
+        demand_upper = float(np.mean(fc.mean[-w:]) + spread)
+        demand_floor = math.ceil(demand_upper / mu - 1e-9)
         raw = min(cfg.max_replicas, max(cfg.min_replicas, fluid_n, need_now, demand_floor))
         desired = self._stabilise(now, raw, ready + starting, demand_floor)
         return Decision(int(desired), float(q_mean), float(q_upper), float(fc.mean[-1]), float(fc.upper[-1]),

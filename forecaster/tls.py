@@ -21,6 +21,7 @@ def self_signed(directory: str | Path | None = None, hosts: tuple[str, ...] = ("
     from cryptography.x509.oid import NameOID
 
     directory = Path(directory or tempfile.mkdtemp(prefix="goodput-forecaster-tls-"))
+    directory.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "goodput-forecaster")])
     sans = []
