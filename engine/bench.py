@@ -130,6 +130,39 @@ def hf_decode(model, engine, batch: int, new_tokens: int) -> dict:
     return {"batch": batch, "step_s": step, "tokens_per_s": batch / step}
 
 
+def prefill_stall(engine, budget: int | None) -> dict:
+    """Four sequences decoding when a 1,024-token prompt arrives: the longest gap between their
+    tokens (a step) while it is prefilled, and its time to first token. budget=None: unchunked."""
+    from engine.request import SamplingParams
+
+    sched = engine.scheduler
+    saved = sched.chunked, sched.max_num_batched_tokens
+    sched.chunked = budget is not None
+    sched.max_num_batched_tokens = budget or max(saved[1], PREFILL_LEN + 8)
+    try:
+        engine.kv.pool.reset_prefix_cache()
+        prompts = _prompts(engine, 5, PREFILL_LEN)
+        for i in range(4):
+            engine.add_request(f"stall-{budget}-{i}", prompts[i][:PROMPT_LEN],
+                               SamplingParams(max_tokens=64, temperature=0, ignore_eos=True), detokenize=False)
+        for _ in range(3):
+            engine.step()
+        long_id = f"stall-{budget}-long"
+        engine.add_request(long_id, prompts[4], SamplingParams(max_tokens=1, temperature=0), detokenize=False)
+        t0, steps, ttft = time.perf_counter(), [], None
+        while ttft is None:
+            t = time.perf_counter()
+            outs = engine.step()
+            steps.append(time.perf_counter() - t)
+            if any(o.request_id == long_id for o in outs):
+                ttft = time.perf_counter() - t0
+        for i in range(4):
+            engine.abort(f"stall-{budget}-{i}")
+    finally:
+        sched.chunked, sched.max_num_batched_tokens = saved
+    return {"budget": budget, "max_decode_gap_s": max(steps), "long_prompt_ttft_s": ttft, "steps": len(steps)}
+
+
 def profile_ops(engine, batch: int, prompt_len: int, steps: int) -> list[dict]:
     """Self CPU time per op over a few engine steps (decode when prompt_len is short)."""
     from torch.profiler import ProfilerActivity, profile
@@ -209,6 +242,8 @@ def run_bench(args) -> int:
         res["engine_decode"] = [best(f"engine_b{b}") for b in DECODE_BATCHES]
         res["transformers_decode"] = [best(f"hf_b{b}") for b in HF_BATCHES]
         res["engine_prefill"] = best("prefill", "seconds")
+        progress.update(task, description="decode stalls during a long prefill")
+        res["prefill_stall"] = [prefill_stall(engine, b) for b in (None, 512, 128)]
         progress.update(task, description="profiles")
         res["machine"] = machine.result()
         del machine
@@ -282,6 +317,10 @@ def render(res: dict) -> str:
     for h in res["transformers_decode"]:
         lines.append(f"{'transformers generate, batch ' + str(h['batch']):<34}{h['tokens_per_s']:>9.1f} tok/s"
                      f"{h['step_s'] / f['decode_step_s']:>10.2f}x{'1.00x':>17}   ({h['step_s'] * 1e3:.1f} ms/step)")
+    for st in res["prefill_stall"]:
+        how = "unchunked" if st["budget"] is None else f"chunks of {st['budget']}"
+        lines.append(f"1024-token prompt arriving while 4 sequences decode, {how}: their longest token gap "
+                     f"{st['max_decode_gap_s'] * 1e3:.0f} ms, its TTFT {st['long_prompt_ttft_s'] * 1e3:.0f} ms")
     lines.append("")
     lines.append("vs floor: measured time / floor (1.00x = at the floor); vs transformers: engine tokens/s / transformers tokens/s;")
     lines.append("vs roofline: time / max(weight bytes / bandwidth, batch x 2 x params / matmul rate)")

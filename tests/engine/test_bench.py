@@ -31,6 +31,10 @@ def test_bench_engine_json_is_consistent(tmp_path):
         assert res["ratios"][f"decode_b{h['batch']}_over_transformers"] == pytest.approx(ratio)
         assert (f"decode_b{h['batch']}_2x_transformers" in res["ratios"]["missed"]) == (ratio < 2)
     assert res["engine_prefill"]["tokens"] == 1024
+    # Chunking bounds the step: the 1,024-token prefill is 1 step unchunked; with a 128-token budget
+    # the 4 decodes take 4 tokens a step, leaving 124 for the prompt: ceil(1024 / 124) = 9 steps.
+    stalls = {st["budget"]: st for st in res["prefill_stall"]}
+    assert stalls[None]["steps"] == 1 and stalls[128]["steps"] == 9
     # Every missed target comes with a profile of where the time went.
     if any(k.startswith("decode") and "floor" in k for k in res["ratios"]["missed"]):
         assert res["profiles"]["decode_batch_1"] and res["profiles"]["decode_batch_32"]
