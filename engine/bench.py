@@ -19,6 +19,7 @@ DECODE_BATCHES = (1, 8, 32)
 HF_BATCHES = (1, 8)
 PROMPT_LEN = 64          # decode runs start from prompts this long
 PREFILL_LEN = 1024
+STALL_BUDGETS = (None, 512, 128)   # unchunked, the serve default, small chunks
 
 
 class MachineRates:
@@ -231,6 +232,9 @@ def run_bench(args) -> int:
             progress.update(task, advance=1, description=f"round {r + 1}/{rounds}: engine prefill, 1024 tokens")
             runs.setdefault("prefill", []).append(engine_prefill(engine, 1))
             machine.sample(1)
+            progress.update(task, description=f"round {r + 1}/{rounds}: decode stalls during a long prefill")
+            for b in STALL_BUDGETS:
+                runs.setdefault(f"stall_{b}", []).append(prefill_stall(engine, b))
         del hf_model
 
         def best(key: str, field: str = "step_s") -> dict:
@@ -242,8 +246,7 @@ def run_bench(args) -> int:
         res["engine_decode"] = [best(f"engine_b{b}") for b in DECODE_BATCHES]
         res["transformers_decode"] = [best(f"hf_b{b}") for b in HF_BATCHES]
         res["engine_prefill"] = best("prefill", "seconds")
-        progress.update(task, description="decode stalls during a long prefill")
-        res["prefill_stall"] = [prefill_stall(engine, b) for b in (None, 512, 128)]
+        res["prefill_stall"] = [best(f"stall_{b}", "max_decode_gap_s") for b in STALL_BUDGETS]
         progress.update(task, description="profiles")
         res["machine"] = machine.result()
         del machine
