@@ -95,7 +95,9 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "float32"
     seed: int = 0
-    num_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
+    # The CPUs this process may run on (taskset, cgroup cpusets), not every CPU of the machine:
+    # more threads than cores makes OpenMP threads wait on each other.
+    num_threads: int = field(default_factory=lambda: len(os.sched_getaffinity(0)) or 1)
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
