@@ -4,14 +4,18 @@
 2. Prefix caching on vs off replaying the Mooncake trace: TTFT and goodput.
 3. The goodput curve with its knee beside the throughput curve (`goodput sweep`).
 
-Each engine configuration runs alone (one after the other) on the same machine, with the same
-workload and seed, so the comparisons are side by side. Results go to docs/loadgen/.
+The on/off comparisons run side by side: two engines at once, each pinned to one of the two
+cores (taskset; the engine then uses one thread), each driven by its own `goodput load` with the
+same workload and seed at the same moment. Whatever else the machine is doing hits both alike;
+run one after the other, the comparison would measure the machine's mood. Results go to
+docs/loadgen/.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,19 +27,29 @@ OUT = ROOT / "docs" / "loadgen"
 MOONCAKE = ROOT.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
 
 
-def engine(model: str, port: int, *flags: str) -> ServerProcess:
-    return ServerProcess(goodput_command("engine", "serve", "--model", model, "--port", str(port), *flags),
+def engine(model: str, port: int, *flags: str, core: int | None = None) -> ServerProcess:
+    pin = ["taskset", "-c", str(core)] if core is not None else []
+    return ServerProcess(pin + goodput_command("engine", "serve", "--model", model, "--port", str(port), *flags),
                          f"http://127.0.0.1:{port}/health", timeout=600, name="engine")
 
 
-def load(port: int, out: Path, *args: str) -> dict:
-    cmd = goodput_command("load", "--url", f"http://127.0.0.1:{port}", "--json", str(out), "--quiet", *args)
-    print("$", " ".join(["goodput", *cmd[3:]]), flush=True)
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    print(proc.stdout, proc.stderr, flush=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"load failed: {proc.stderr}")
-    return json.loads(out.read_text())
+def side_by_side(model: str, port: int, configs: dict[str, list[str]], tag: str, load_args: list[str]) -> dict:
+    """Both engine configurations at once, one per core, each under the same load at the same time."""
+    (a, flags_a), (b, flags_b) = configs.items()
+    with engine(model, port, *flags_a, core=0), engine(model, port + 1, *flags_b, core=1):
+        procs, outs = [], []
+        for i, name in enumerate((a, b)):
+            out = OUT / f"{tag}-{name.split()[-1]}.json"
+            cmd = goodput_command("load", "--url", f"http://127.0.0.1:{port + i}", "--json", str(out), "--quiet", *load_args)
+            print(f"$ goodput {' '.join(cmd[3:])}    # {name}", flush=True)
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            outs.append(out)
+        for name, proc in zip((a, b), procs):
+            text, _ = proc.communicate()
+            print(f"--- {name}\n{text}", flush=True)
+            if proc.returncode != 0:
+                raise SystemExit(f"load failed for {name}")
+    return {name: json.loads(out.read_text()) for name, out in zip((a, b), outs)}
 
 
 def tokenizer(model: str) -> list[str]:
@@ -49,22 +63,15 @@ def chunked(model: str, port: int, rate: float, n: int) -> dict:
     args = ["--rate", str(rate), "--num-requests", str(n), "--input-tokens", "64", "--output-tokens", "32",
             "--long-fraction", "0.15", "--long-input-tokens", "1024", "--slo-ttft", "5", "--slo-tpot", "0.4",
             "--seed", "7", *tokenizer(model)]
-    results = {}
-    for name, flags in (("chunked prefill on", ["--max-num-batched-tokens", "128"]),
-                        ("chunked prefill off", ["--no-chunked-prefill"])):
-        with engine(model, port, *flags):
-            results[name] = load(port, OUT / f"chunked-{name.split()[-1]}.json", *args)
-    return results
+    return side_by_side(model, port, {"chunked prefill on": ["--max-num-batched-tokens", "128"],
+                                      "chunked prefill off": ["--no-chunked-prefill"]}, "chunked", args)
 
 
 def prefix(model: str, port: int, count: int, speedup: float) -> dict:
     args = ["--trace", str(MOONCAKE), "--limit", str(count), "--speedup", str(speedup), "--length-scale", "0.03125",
             "--max-input", "512", "--max-output", "16", "--slo-ttft", "5", "--slo-tpot", "0.4", *tokenizer(model)]
-    results = {}
-    for name, flags in (("prefix caching on", []), ("prefix caching off", ["--no-prefix-caching"])):
-        with engine(model, port, *flags):
-            results[name] = load(port, OUT / f"prefix-{name.split()[-1]}.json", *args)
-    return results
+    return side_by_side(model, port, {"prefix caching on": [], "prefix caching off": ["--no-prefix-caching"]},
+                        "prefix", args)
 
 
 def sweep(model: str, port: int, rates: str, duration: float) -> None:
@@ -93,10 +100,10 @@ def main() -> None:
     p.add_argument("--model", default="smollm2")
     p.add_argument("--port", type=int, default=18100)
     p.add_argument("--only", choices=("chunked", "prefix", "sweep"), action="append")
-    p.add_argument("--chunked-rate", type=float, default=0.25)
-    p.add_argument("--chunked-requests", type=int, default=40)
-    p.add_argument("--prefix-requests", type=int, default=40)
-    p.add_argument("--prefix-speedup", type=float, default=0.1)
+    p.add_argument("--chunked-rate", type=float, default=0.12)
+    p.add_argument("--chunked-requests", type=int, default=30)
+    p.add_argument("--prefix-requests", type=int, default=30)
+    p.add_argument("--prefix-speedup", type=float, default=0.05)
     p.add_argument("--sweep-rates", default="0.25,0.5,1,1.5,2,3")
     p.add_argument("--sweep-duration", type=float, default=40)
     a = p.parse_args()
@@ -110,6 +117,8 @@ def main() -> None:
     if "sweep" in only:
         sweep(a.model, a.port, a.sweep_rates, a.sweep_duration)
         md += ["### Goodput sweep", "", (OUT / "sweep" / "summary.md").read_text()]
+    # The machine is shared: say how busy it was, since absolute latencies depend on it.
+    md.append(f"Load average at the end (1/5/15 min, 2 cores): {' / '.join(f'{x:.1f}' for x in os.getloadavg())}")
     (OUT / f"results-{'-'.join(sorted(only))}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 

@@ -22,6 +22,8 @@ def register(registry) -> None:
     s.add_argument("--rates", required=True, help="comma-separated offered rates, req/s (e.g. 0.5,1,2,4)")
     s.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals per rate (default 60)")
     s.add_argument("--out", type=Path, default=Path("sweep-report"), help="report folder (default sweep-report)")
+    s.add_argument("--no-warmup", action="store_true",
+                   help="skip the two unmeasured warm-up requests sent before the first rate")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -162,6 +164,13 @@ def run_sweep_cmd(args) -> int:
     if not rates or min(rates) <= 0:
         raise UsageError("--rates needs at least one rate > 0")
     points = []
+    if not args.no_warmup:
+        # First requests pay one-off costs (allocator growth, kernel selection, connection set-up)
+        # that would be charged to the lowest rate; send two, unmeasured, as `vllm bench` does.
+        from sidecar.loadgen.workload import PlannedRequest
+
+        warm = [PlannedRequest(0.0, args.input_tokens, args.output_tokens), PlannedRequest(0.0, args.input_tokens, 4)]
+        execute(args, warm, 512, "warm-up")
     for rate in rates:
         requests, note, block = build_workload(args, rate=rate, duration=args.duration)
         print(f"[{len(points) + 1}/{len(rates)}] {note}")
