@@ -228,10 +228,10 @@ def run_bench(args) -> int:
                 if b in HF_BATCHES:
                     progress.update(task, advance=1, description=f"round {r + 1}/{rounds}: transformers, batch {b}")
                     runs.setdefault(f"hf_b{b}", []).append(hf_decode(hf_model, engine, b, hf_tokens))
-                machine.sample(1)
+                machine.sample(3)
             progress.update(task, advance=1, description=f"round {r + 1}/{rounds}: engine prefill, 1024 tokens")
             runs.setdefault("prefill", []).append(engine_prefill(engine, 1))
-            machine.sample(1)
+            machine.sample(3)
             progress.update(task, description=f"round {r + 1}/{rounds}: decode stalls during a long prefill")
             for b in STALL_BUDGETS:
                 runs.setdefault(f"stall_{b}", []).append(prefill_stall(engine, b))
