@@ -65,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from forecaster.tls import self_signed, server_context
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per scrape would bury the decisions
     try:
         config = PolicyConfig(step_seconds=args.step, horizon_seconds=args.horizon,
                               cold_start_seconds=args.cold_start if args.cold_start is not None else args.horizon,
