@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
                               capacity_rps=_capacity(args), target_queue=args.target_queue,
                               min_replicas=args.min_replicas, max_replicas=args.max_replicas,
                               scale_down_window_seconds=args.scale_down_window, fit_timeout_seconds=args.fit_timeout,
+                              refit_every_seconds=args.refit_every,
                               models=tuple(m.strip() for m in args.models.split(",") if m.strip()),
                               background_selection=True)
         policy = ForecastPolicy(config)
@@ -143,7 +144,8 @@ def add_run_command(registry) -> None:
     pol.add_argument("--max-replicas", type=int, default=100)
     pol.add_argument("--scale-down-window", type=float, default=300.0, help="stabilisation window, s (default 300)")
     pol.add_argument("--fit-timeout", type=float, default=2.0, help="longest a model fit may take, s (default 2)")
-    pol.add_argument("--models", default="level,naive,holt_winters", help="candidate models, first = default")
+    pol.add_argument("--refit-every", type=float, default=300.0, help="seconds between model re-selections (default 300)")
+    pol.add_argument("--models", default="level,holt_winters", help="candidate models, first = default")
     out = p.add_argument_group("serving")
     out.add_argument("--host", default="0.0.0.0")
     out.add_argument("--metrics-port", type=int, default=9090, help="plain HTTP /metrics (default 9090)")
