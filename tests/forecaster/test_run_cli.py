@@ -2,6 +2,7 @@
 Metrics API (self-signed TLS), read back with the official kubernetes client."""
 
 import json
+import math
 import threading
 import time
 import urllib.request
@@ -28,6 +29,7 @@ def test_forecaster_run_serves_metrics_and_external_metrics(start_server, tmp_pa
             side.serve(good=3, waiting=4)
             time.sleep(0.1)
 
+    started = time.time()
     threading.Thread(target=traffic, daemon=True).start()
     (tmp_path / "sweep").mkdir()
     (tmp_path / "sweep" / "sweep.json").write_text(json.dumps({"knee": {"rate": 4.0, "attainment": 0.95}, "points": []}))
@@ -47,10 +49,12 @@ def test_forecaster_run_serves_metrics_and_external_metrics(start_server, tmp_pa
                 break
             time.sleep(0.5)
         desired = samples[("goodput_desired_replicas", ())]
+        served = side.requests.labels("m", "default", "good")._value.get()
+        rate = served / (time.time() - started)  # what the traffic thread managed on this machine
         assert samples[("goodput_replica_capacity_requests_per_second", ())] == 4.0  # the sweep's knee
         assert samples[("goodput_observed_replicas", ())] == 1
-        # ~30 req/s at 4 req/s a replica needs at least 8 replicas.
-        assert desired >= 8
+        # That rate at 4 req/s a replica needs rate/4 replicas (80 %: the first steps see less).
+        assert desired >= math.ceil(0.8 * rate / 4.0) >= 4, (desired, rate)
         cfg = k8s.Configuration()
         cfg.host = f"https://127.0.0.1:{api_port}"
         cfg.ssl_ca_cert = str(tmp_path / "cert.pem")
@@ -58,7 +62,7 @@ def test_forecaster_run_serves_metrics_and_external_metrics(start_server, tmp_pa
             got = k8s.CustomObjectsApi(api).list_namespaced_custom_object(
                 "external.metrics.k8s.io", "v1beta1", "default", "goodput_desired_replicas")
         # The API and /metrics show the same decision (it may move on by a step between reads).
-        assert int(got["items"][0]["value"]) >= 8
+        assert int(got["items"][0]["value"]) >= math.ceil(0.8 * rate / 4.0)
     finally:
         stop.set()
         side.stop()
