@@ -14,8 +14,8 @@ few points only, so a ramp that starts after a flat day is followed within minut
 
 Each member at time t uses only points up to t, so its errors on the history are genuine
 out-of-sample h-step errors, and their quantiles are the prediction interval (no distributional
-assumption). With two seasons of history the series is divided by a multiplicative daily profile
-first and the forecast multiplied back.
+assumption). With three days of history a multiplicative daily profile is tried too (the series
+divided by it, the forecast multiplied back), and kept only if it wins on a day it was not built from.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ ALPHAS = (0.02, 0.04, 0.07, 0.1, 0.15, 0.2, 0.3, 0.4, 0.55, 0.7, 0.85, 1.0)
 MEDIAN_WINDOWS = (5, 10, 20, 40)
 HOLT = tuple((a, b) for a in (0.1, 0.3, 0.6) for b in (0.05, 0.2))
 DAMPING = 0.98
+SEASON_MARGIN = 0.1   # the daily profile must beat no profile by this much on the held-out day
 TRACKING_POINTS = 16   # one-step errors in the tracking signal (4 min at 15 s)
 TRACKING_LIMIT = 0.9   # |Σe|/Σ|e| above this: biased (independent errors give ~1/√16 = 0.25)
 
@@ -78,12 +79,16 @@ class Level(Model):
 
     def fit(self, y, steps):
         y = np.asarray(y, dtype=float)[-self.max_points:]
-        best = self._fit_one(y, steps, None)
-        if self.has_season(y):
-            seasonal = self._fit_one(y, steps, self.season)
-            if seasonal[0] < best[0]:
-                best = seasonal
-        return best[1]
+        plain_score, plain = self._fit_one(y, steps, None)
+        m = self.season
+        if m and m > 1 and len(y) >= 3 * m:
+            # Score the daily profile out of sample: built without the last day, which the
+            # recency-weighted errors mostly look at. Built from all of it, it would fit the
+            # days it is scored on and win whether or not the days repeat.
+            held_out_score, _ = self._fit_one(y, steps, m, profile_end=len(y) - m)
+            if held_out_score < (1.0 - SEASON_MARGIN) * plain_score:
+                return self._fit_one(y, steps, m)[1]
+        return plain
 
     @staticmethod
     def _biased(d: np.ndarray, level: np.ndarray, trend: np.ndarray) -> bool:
@@ -111,13 +116,15 @@ class Level(Model):
             i += 1
         return levels, trends
 
-    def _fit_one(self, y, steps, m):
-        """(in-sample MAE averaged over horizons, Fitted) for season m (None = none)."""
+    def _fit_one(self, y, steps, m, profile_end: int | None = None):
+        """(in-sample MAE averaged over horizons, Fitted) for season m (None = none), the
+        profile built from y[:profile_end]."""
         n = len(y)
         if m is not None:
-            k = min(n // m, 7) * m
-            shape = _profile(y, m)
-            season_of = lambda t: shape[(np.asarray(t) - (n - k)) % m]  # noqa: E731
+            end = n if profile_end is None else profile_end
+            k = min(end // m, 7) * m
+            shape = _profile(y[:end], m)
+            season_of = lambda t: shape[(np.asarray(t) - (end - k)) % m]  # noqa: E731
         else:
             season_of = lambda t: np.ones(np.shape(t))  # noqa: E731
         d = y / season_of(np.arange(n))
