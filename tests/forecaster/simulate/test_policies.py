@@ -85,3 +85,25 @@ def test_warmup_scores_only_requests_and_replicas_after_it():
     # 120 replica-seconds = 2 replica-minutes.
     assert result.requests == 120 and result.good == 120
     assert result.replica_minutes == 2.0
+
+
+def test_goodput_policy_runs_the_forecasters_own_code_through_the_hpa():
+    from forecaster.policy import ForecastPolicy
+
+    from forecaster.simulate.policies import Goodput
+
+    # 10 minutes at 4 req/s, then 12 req/s: small enough to run in seconds.
+    rng = np.random.default_rng(2)
+    arrivals = np.sort(np.concatenate([rng.uniform(0, 600, 2400), rng.uniform(600, 900, 3600)]))
+    trace = RequestTrace("g", arrivals, rng.integers(200, 2000, len(arrivals)), rng.integers(5, 30, len(arrivals)))
+    policy = Goodput(Limits(1, 20), cold_start_s=60.0, capacity_rps=5.0)
+    assert isinstance(policy.forecaster, ForecastPolicy)  # the real class, not a copy
+    spec = policy.hpa_spec()
+    assert (spec.target_type, spec.target) == ("AverageValue", 1.0)
+    fleet = RequestFleet(H100_70B, trace, 1, 60.0, tick_s=0.1)
+    run(fleet, policy, LoopConfig(cold_start_s=60.0), trace.duration_s)
+    # It decided every 15 s and published exactly its decisions as goodput_desired_replicas.
+    assert len(policy.decisions) == len(policy.published) >= 55
+    assert all(v == d.desired_replicas for (_, v), (_, d) in zip(policy.published, policy.decisions))
+    # 12 req/s at 5 req/s per replica needs 3 or more replicas at the end.
+    assert policy.published[-1][1] >= 3
