@@ -35,7 +35,7 @@ def test_level_interval_covers_about_ninety_percent_of_noise():
     assert 2 * 1.4 < width < 2 * 1.9, width
 
 
-def test_level_uses_the_daily_profile_when_two_seasons_exist():
+def test_level_uses_the_daily_profile_when_days_repeat():
     m = 24
     t = np.arange(m * 4)
     y = 100 + 50 * np.sin(2 * np.pi * t / m)
