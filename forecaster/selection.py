@@ -69,7 +69,7 @@ class ModelSelector:
 
     def __init__(self, candidates: list[Model], steps: int, fit_timeout: float = 2.0,
                  reselect_every: int = 20, num_origins: int = 12, min_points: int = 20,
-                 stale_steps: int | None = None, margin: float = 0.1, background: bool = False):
+                 stale_steps: int | None = None, margin: float = 0.2, background: bool = False):
         if not candidates:
             raise ValueError("at least one candidate model is needed")
         if steps < 1:
