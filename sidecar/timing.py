@@ -76,17 +76,22 @@ class StreamTimer:
         """Consume raw SSE bytes received (or relayed) at `now`."""
         self.relay(data, now)
 
+    def _token(self, now: float, count: int = 1) -> None:
+        """A content chunk (`count` choices with text) left at `now`: the first sets TTFT, later
+        ones add one ITL gap each, however many tokens they carry."""
+        if self._first is None:
+            self._first = now
+        else:
+            self._itl.append(now - self._last)
+        self._last = now
+        self._chunks += count
+
     def relay(self, data: bytes, now: float) -> bytes:
         """Like feed(); returns the bytes to pass on (`data` itself unless stripping usage)."""
         # Fast path: no leftover, exactly one `data:` line and its blank line, an ordinary token.
         if not self._buf and data[-2:] == b"\n\n" and data[:5] == b"data:" and data.find(b"\n") == len(data) - 2 \
                 and self._fast_token(data):
-            if self._first is None:
-                self._first = now
-            else:
-                self._itl.append(now - self._last)
-            self._last = now
-            self._chunks += 1
+            self._token(now)
             self._seen_data = True
             return data
         buf = self._buf + data if self._buf else data
@@ -127,12 +132,7 @@ class StreamTimer:
             return False
         self._seen_data = True
         if self._fast_token(payload):
-            if self._first is None:
-                self._first = now
-            else:
-                self._itl.append(now - self._last)
-            self._last = now
-            self._chunks += 1
+            self._token(now)
             return False
         try:
             obj = _loads(payload)
@@ -210,12 +210,7 @@ class StreamTimer:
             if reason:
                 self._finish.append(reason)
         if tokens:
-            if self._first is None:
-                self._first = now
-            else:
-                self._itl.append(now - self._last)
-            self._last = now
-            self._chunks += tokens
+            self._token(now, tokens)
         return False
 
     def _set_error(self, err: dict) -> None:
