@@ -1,4 +1,4 @@
-"""Trace readers, standard library only (the load generator reuses the Azure reader).
+"""Trace readers into interval series, standard library only (the simulator reuses the Azure reader).
 
 - Azure LLM inference trace CSV: `TIMESTAMP,ContextTokens,GeneratedTokens`, one request a row,
   wall-clock timestamps with 100 ns resolution (7 fractional digits, which `datetime` does not
