@@ -26,8 +26,8 @@ def register(registry) -> None:
     p.add_argument("--trace", type=Path, default=BUNDLED_TRACE, help="trace to replay (default: bundled Azure code slice)")
     p.add_argument("--duration", type=float, default=120.0,
                    help="seconds of replay (default 120); the trace is time-scaled to fill them at the chosen load")
-    p.add_argument("--load", type=float, default=0.4,
-                   help="mean offered load as a fraction of the calibrated capacity (default 0.4: calibration is a best case, all prompts arriving together; bursts go above)")
+    p.add_argument("--load", type=float, default=0.25,
+                   help="mean offered load as a fraction of the calibrated capacity (default 0.25: calibration is a best case, all prompts arriving together; bursts go above)")
     p.add_argument("--max-input", type=int, default=512, help="cap prompt lengths (one scale factor for all, default 512)")
     p.add_argument("--max-output", type=int, default=32, help="cap output lengths (default 32)")
     p.add_argument("--slo-ttft", type=float, default=3.0, help="TTFT objective for the demo, seconds")
