@@ -119,11 +119,9 @@ def build_workload(args, rate: float | None = None, count: int | None = None, du
     return reqs, f"{kind} {rate:g} req/s, {count} requests of {args.input_tokens}+{args.output_tokens} tokens{mix}", 512
 
 
-def execute(args, requests, block_tokens: int, label: str):
-    """Run one load with a live progress line; returns (records, duration)."""
-    import asyncio
-
-    from sidecar.loadgen.live import run_with_progress
+def prepare(args, block_tokens: int):
+    """(LoadConfig, PromptFactory) for a run: the endpoint's model is looked up and the tokenizer
+    scanned once, however many loads (sweep points) follow."""
     from sidecar.loadgen.prompts import PromptFactory
     from sidecar.loadgen.runner import LoadConfig
 
@@ -133,6 +131,16 @@ def execute(args, requests, block_tokens: int, label: str):
                          ignore_eos=not args.no_ignore_eos, api_key=args.api_key)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    return cfg, prompts
+
+
+def execute(args, prepared, requests, label: str):
+    """Run one load with a live progress line; returns (records, duration)."""
+    import asyncio
+
+    from sidecar.loadgen.live import run_with_progress
+
+    cfg, prompts = prepared
     return asyncio.run(run_with_progress(cfg, requests, prompts, label, quiet=args.quiet))
 
 
@@ -141,7 +149,7 @@ def run_load_cmd(args) -> int:
 
     requests, note, block = build_workload(args)
     print(note)
-    records, duration = execute(args, requests, block, "load")
+    records, duration = execute(args, prepare(args, block), requests, "load")
     summary = summarise(records, duration, requests[-1].arrival if requests else None)
     print(format_summary(summary))
     if args.records:
@@ -163,6 +171,11 @@ def run_sweep_cmd(args) -> int:
         raise UsageError(f"--rates must be numbers separated by commas, got {args.rates!r}") from None
     if not rates or min(rates) <= 0:
         raise UsageError("--rates needs at least one rate > 0")
+    if args.trace:
+        # A trace has its own arrival times; a sweep needs arrivals at each offered rate.
+        raise UsageError("goodput sweep draws Poisson/Gamma arrivals at each --rates value; to replay a trace "
+                         "faster or slower use goodput load --trace FILE --speedup X")
+    prepared = prepare(args, 512)
     points = []
     if not args.no_warmup:
         # First requests pay one-off costs (allocator growth, kernel selection, connection set-up)
@@ -170,11 +183,11 @@ def run_sweep_cmd(args) -> int:
         from sidecar.loadgen.workload import PlannedRequest
 
         warm = [PlannedRequest(0.0, args.input_tokens, args.output_tokens), PlannedRequest(0.0, args.input_tokens, 4)]
-        execute(args, warm, 512, "warm-up")
+        execute(args, prepared, warm, "warm-up")
     for rate in rates:
-        requests, note, block = build_workload(args, rate=rate, duration=args.duration)
+        requests, note, _ = build_workload(args, rate=rate, duration=args.duration)
         print(f"[{len(points) + 1}/{len(rates)}] {note}")
-        records, duration = execute(args, requests, block, f"{rate:g} req/s")
+        records, duration = execute(args, prepared, requests, f"{rate:g} req/s")
         points.append(SweepPoint(rate, summarise(records, duration, requests[-1].arrival)))
         s = points[-1].summary
         print(f"    goodput {s.goodput:.3f} req/s  attainment {s.attainment * 100:.1f} %  "

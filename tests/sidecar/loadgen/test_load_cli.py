@@ -61,3 +61,13 @@ def test_load_refuses_bad_input_in_one_line():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == ["goodput: error: give --rate R (req/s) or --trace FILE"]
+
+
+def test_sweep_refuses_a_trace_it_would_replay_unchanged_at_every_rate(tmp_path):
+    # A trace carries its own arrival times, so "--rates" would be ignored: refuse in one line.
+    trace = tmp_path / "t.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,10,2\n")
+    proc = subprocess.run(goodput_command("sweep", "--url", "http://127.0.0.1:9", "--model", "m", "--rates", "1,2",
+                                          "--trace", str(trace)), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "goodput load --trace" in proc.stderr
