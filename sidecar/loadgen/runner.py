@@ -146,12 +146,13 @@ async def run_load(cfg: LoadConfig, requests: list[PlannedRequest], prompts: Pro
         except asyncio.CancelledError:
             for t in tasks:
                 t.cancel()
+            done = {r.index for r in records}
             for t in tasks:
                 try:
                     rec = await t
                 except asyncio.CancelledError:
-                    continue
-                if rec not in records:
+                    continue   # cancelled before it was sent: not part of the run
+                if rec.index not in done:
                     records.append(rec)
         duration = time.perf_counter() - t0
     records.sort(key=lambda r: r.index)

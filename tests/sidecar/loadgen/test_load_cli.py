@@ -71,3 +71,30 @@ def test_sweep_refuses_a_trace_it_would_replay_unchanged_at_every_rate(tmp_path)
                                           "--trace", str(trace)), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "goodput load --trace" in proc.stderr
+
+
+def test_ctrl_c_stops_cleanly_and_keeps_what_was_measured(start_server, tmp_path):
+    import signal
+    import time
+
+    port = free_port()
+    # 0.2 s between tokens and 20 tokens: each stream takes ~4 s, so an interrupt at 4 s finds
+    # requests mid-stream (cancelled, kept) and most of the 40 not yet sent.
+    start_server([sys.executable, "-m", "sidecar.bench.scripted_upstream", "--port", str(port),
+                  "--ttft", "0.01", "--itl", "0.2"], f"http://127.0.0.1:{port}/health", name="scripted")
+    records = tmp_path / "r.jsonl"
+    proc = subprocess.Popen(goodput_command("load", "--url", f"http://127.0.0.1:{port}", "--model", "scripted",
+                                            "--rate", "2", "--num-requests", "40", "--output-tokens", "20",
+                                            "--records", str(records), "--quiet"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(4.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    rows = [json.loads(line) for line in records.read_text().splitlines()]
+    # Poisson at 2 req/s for 4 s: some requests went out (kept and summarised); 40 would take 20 s,
+    # so the interrupt must have stopped the rest from being sent.
+    assert 0 < len(rows) < 40
+    assert any(r["outcome"] == "cancelled" for r in rows)
+    assert all(r["outcome"] in ("good", "slo_violated", "cancelled") for r in rows)
+    assert "cancelled" in out
