@@ -31,7 +31,7 @@ def build():
         single("Capacity per replica", [Query(f"max({capacity})", "capacity")], "reqps", decimals=2,
                description="Requests/s one replica sustains while SLOs hold (configured or learned)."),
         single("Forecast model", [Query(f"max by (model_name) ({m('goodput_forecast_model_info')})", "{{model_name}}")],
-               "short", text_name=True, description="The statsmodels model the forecaster selected."),
+               "short", text_name=True, description="The forecast model the forecaster selected (its own level model or a statsmodels one)."),
     ]
     forecast = [
         series("Queue depth: actual vs forecast", [
