@@ -41,9 +41,9 @@ def build():
                description="Requests waiting in the engines now, and the fluid-model forecast at the horizon "
                            "(mean and upper bound) for the current replica count."),
         series("Arrival rate: actual vs forecast", [
-            Query(f"sum(rate({m('goodput_requests_total')}{{{MODEL}}}[{RATE}]))", "actual"),
+            Query(f"sum(rate({m('goodput_requests_arrived_total')}{{{MODEL}}}[{RATE}]))", "actual"),
             *_forecast("goodput_forecast_arrival_rate", "arrivals"),
-        ], "reqps", min=0, description="Requests arriving at the sidecars, and the demand forecast at the horizon."),
+        ], "reqps", min=0, description="Requests arriving at the sidecars (counted on arrival), and the demand forecast at the horizon."),
         series("Replicas: desired vs observed", [
             Query(f"max({desired})", "desired"), Query(f"max({observed})", "observed"),
         ], "short", min=0, description="A gap that persists means the HPA is limited (maxReplicas, quota) or slow."),

@@ -26,6 +26,7 @@ BOUNDS = ("mean", "upper")
 
 _SIDECAR = [
     Metric("goodput_requests_total", "counter", ("model", "slo_class", "outcome"), "sidecar"),
+    Metric("goodput_requests_arrived_total", "counter", ("model", "slo_class"), "sidecar"),
     Metric("goodput_slo_violations_total", "counter", ("model", "slo_class", "objective"), "sidecar"),
     Metric("goodput_ttft_seconds", "histogram", ("model", "slo_class"), "sidecar"),
     Metric("goodput_tpot_seconds", "histogram", ("model", "slo_class"), "sidecar"),

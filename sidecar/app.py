@@ -218,7 +218,7 @@ class Sidecar:
                 span.capture_input(doc)
             headers = upstream_headers(request, measured=True)
             span.inject(headers)
-            self.metrics.started(label)
+            self.metrics.started(label, slo.name)
             in_flight = True
             upstream = await self.pool.request("POST", request.raw_path, headers, body)
             head = upstream.head

@@ -102,6 +102,10 @@ class SidecarMetrics:
         mc = ("model", "slo_class")
         self.requests = Counter("goodput_requests", "Measured requests by final outcome (decided once, when the request ends).",
                                 ("model", "slo_class", "outcome"), registry=registry)
+        # Counted when a request arrives: goodput_requests_total counts it when it ends, which lags
+        # by its duration and hides demand exactly when the engine is overloaded.
+        self.arrived = Counter("goodput_requests_arrived", "Measured requests, counted when each arrives (before it is served or refused).",
+                               mc, registry=registry)
         self.violations = Counter("goodput_slo_violations", "Objectives missed by requests whose outcome is slo_violated.",
                                   ("model", "slo_class", "objective"), registry=registry)
         self.ttft = Histogram("goodput_ttft_seconds", "Time from receipt of the request to the first content chunk sent to the client.",
@@ -127,7 +131,8 @@ class SidecarMetrics:
             for objective, seconds in slo.targets().items():
                 self.slo_target.labels(slo.name, objective).set(seconds)
 
-    def started(self, model: str) -> None:
+    def started(self, model: str, slo_name: str) -> None:
+        self.arrived.labels(model, slo_name).inc()
         self.in_flight.labels(model).inc()
 
     def _children(self, model: str, slo_name: str) -> tuple:
@@ -150,6 +155,9 @@ class SidecarMetrics:
         requests, ttft, tpot, e2e, input_tokens, output_tokens, flight = self._children(model, slo.name)
         if in_flight:
             flight.dec()
+        else:
+            # Refused before it started (e.g. 413): it still arrived, so demand counts it once.
+            self.arrived.labels(model, slo.name).inc()
         requests[verdict.outcome].inc()
         for objective in verdict.violated:
             self.violations.labels(model, slo.name, objective).inc()
@@ -171,6 +179,7 @@ def zero_series(metrics: SidecarMetrics, models: tuple[str, ...], slo_config: Sl
     for model in models:
         metrics.in_flight.labels(model)
         for slo in slo_config.classes.values():
+            metrics.arrived.labels(model, slo.name)
             for outcome in OUTCOMES:
                 metrics.requests.labels(model, slo.name, outcome)
             for objective in slo.targets():

@@ -6,8 +6,9 @@ counters of FleetSample whatever the number of pods. After a restart, `history()
 recent past with range queries at the forecast step, so forecasts start warm.
 
 Every query is configurable; `{window}` in a query is replaced by the rate window.
-NOTE: `goodput_requests_total` counts requests when they end, so the "arrival" rate lags true
-arrivals by a request's duration (seconds) — small against a minutes-long horizon.
+Arrivals come from `goodput_requests_arrived_total` (counted when a request arrives); sidecars
+older than that counter fall back to `goodput_requests_total`, which counts a request when it
+ends and so lags, and understates demand, exactly when the engine is overloaded.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import httpx
 from forecaster.policy import FleetSample
 
 DEFAULT_QUERIES = {
-    "arrivals": "sum(rate(goodput_requests_total[{window}]))",
+    "arrivals": "sum(rate(goodput_requests_arrived_total[{window}])) or sum(rate(goodput_requests_total[{window}]))",
     "good": 'sum(rate(goodput_requests_total{outcome="good"}[{window}]))',
     "input_tokens": "sum(rate(goodput_input_tokens_total[{window}]))",
     "output_tokens": "sum(rate(goodput_output_tokens_total[{window}]))",

@@ -20,6 +20,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from forecaster.policy import FleetSample
 from forecaster.series import CounterRate
 
+# Demand is counted when a request arrives (goodput_requests_arrived_total); a sidecar older than
+# that counter is read through the requests it ended, which lag by a request's duration.
+ARRIVED = "goodput_requests_arrived_total"
 COUNTERS = {
     "arrivals": ("goodput_requests_total", None),
     "good": ("goodput_requests_total", ("outcome", "good")),
@@ -39,10 +42,14 @@ GAUGES = {
 def parse_metrics(text: str) -> dict[str, float]:
     """Sums of the samples the forecaster reads, from one Prometheus text exposition."""
     out: dict[str, float] = {}
-    wanted = {name for name, _ in COUNTERS.values()} | set(GAUGES.values())
+    wanted = {name for name, _ in COUNTERS.values()} | set(GAUGES.values()) | {ARRIVED}
+    arrived = None
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name not in wanted or not math.isfinite(s.value):
+                continue
+            if s.name == ARRIVED:
+                arrived = (arrived or 0.0) + s.value
                 continue
             for key, (name, label) in COUNTERS.items():
                 if s.name == name and (label is None or s.labels.get(label[0]) == label[1]):
@@ -51,6 +58,8 @@ def parse_metrics(text: str) -> dict[str, float]:
                 if s.name == name:
                     out[key] = out.get(key, 0.0) + s.value
                     out[key + "_n"] = out.get(key + "_n", 0.0) + 1
+    if arrived is not None:
+        out["arrivals"] = arrived
     return out
 
 

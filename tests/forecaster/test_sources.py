@@ -167,3 +167,18 @@ def test_prometheus_source_reads_rates_and_warms_up_from_history(sidecars):
         proc.terminate()
         proc.wait(10)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_arrivals_are_counted_when_requests_arrive_not_when_they_end():
+    from forecaster.sources.scrape import parse_metrics
+    # 7 requests ended, 12 arrived (5 still being served): demand is the 12.
+    text = ('# TYPE goodput_requests_total counter\n'
+            'goodput_requests_total{model="m",slo_class="default",outcome="good"} 7\n'
+            '# TYPE goodput_requests_arrived_total counter\n'
+            'goodput_requests_arrived_total{model="m",slo_class="default"} 9\n'
+            'goodput_requests_arrived_total{model="m",slo_class="batch"} 3\n')
+    got = parse_metrics(text)
+    assert (got["arrivals"], got["good"]) == (12.0, 7.0)
+    # A sidecar older than the arrival counter: fall back to the requests it ended.
+    older = parse_metrics(text.split("# TYPE goodput_requests_arrived_total")[0])
+    assert older["arrivals"] == 7.0
