@@ -23,6 +23,7 @@ from forecaster.capacity import OnlineCapacity
 from forecaster.models import Model, make_model
 from forecaster.selection import ModelSelector
 from forecaster.series import GaugeSeries, RateSeries
+from forecaster.service_learn import OnlineServiceModel, StepObservation
 
 
 @dataclass
@@ -39,6 +40,15 @@ class FleetSample:
     preemptions_total: float
     ready_replicas: int
     good_total: float | None = None   # cumulative good requests (for online capacity learning)
+    # For the service model (forecaster/service_learn.py); None where a source cannot tell.
+    ended_total: float | None = None          # requests that ended (goodput_requests_total)
+    ttft_sum_total: float | None = None       # goodput_ttft_seconds_sum / _count
+    ttft_count_total: float | None = None
+    tpot_sum_total: float | None = None
+    tpot_count_total: float | None = None
+    prefill_sum_total: float | None = None    # goodput_engine_prefill_time_seconds_sum / _count
+    prefill_count_total: float | None = None
+    slos: tuple | None = None                 # the sidecars' SLO classes (service_model.Slo)
 
 
 @dataclass
@@ -60,6 +70,8 @@ class PolicyConfig:
     models: tuple[str, ...] = ("level", "holt_winters")  # candidates; level holds naive (alpha 1)
     season_seconds: float | None = 86400.0  # daily season once two days of history exist
     prior_capacity_rps: float = 1.0         # learning online: used until anything is observed
+    prior_model: object | None = None       # a service_model.ServiceModel to seed the online fit
+    slos: tuple | None = None               # SLO classes (service_model.Slo); None = read from the sidecars
     background_selection: bool = False      # re-select models in a thread (the server); False = reproducible
 
     def validate(self) -> None:
@@ -105,6 +117,15 @@ class Decision:
     arrival_rate_upper: float
     capacity_rps: float
     model_name: str
+    # Per SLO class, predicted by the service model at the horizon with the current replicas:
+    # {class: (mean, upper)}, mean = the mean at the demand's mean, upper = what the class's
+    # objective ratio of requests stay under (its p99 for 0.99) at the demand's upper bound.
+    # Empty while the model is not known.
+    ttft_s: dict = field(default_factory=dict)
+    tpot_s: dict = field(default_factory=dict)
+    capacity_source: str = "prior"   # configured | service-model | throughput | prior
+    service: object | None = None    # service_learn.FittedParams when learned
+    reasons: tuple = ()              # which terms set desired_replicas
 
 
 @dataclass
@@ -148,11 +169,17 @@ class ForecastPolicy:
                                       reselect_every=max(1, round(config.refit_every_seconds / step)),
                                       background=config.background_selection)
         self.online = OnlineCapacity(prior_rps=config.prior_capacity_rps)
+        self.service = OnlineServiceModel(prior=config.prior_model)
+        self.slos: tuple = tuple(config.slos or ())
         self._recommendations: deque[tuple[float, int]] = deque()
         self._prev_in_flight: tuple[float, float] | None = None
+        self._prev_sample: FleetSample | None = None
+        self._capacity_cache: tuple | None = None
+        self.last_observation: StepObservation | None = None
 
     # -- inputs ---------------------------------------------------------------------------
     def observe(self, sample: FleetSample) -> None:
+        prev = self.history.last_sample
         if not self.history.add(sample):
             return
         arrivals = self.history.rates["arrivals"].last
@@ -166,10 +193,43 @@ class ForecastPolicy:
                 self.online.observe(served, int(sample.ready_replicas), sample.queue_waiting, good)
         if math.isfinite(sample.in_flight):
             self._prev_in_flight = (sample.t, sample.in_flight)
+        if sample.slos and not self.config.slos:
+            self.slos = tuple(sample.slos)
+        if prev is not None:
+            obs = _step_observation(prev, sample, arrivals)
+            if obs is not None:
+                self.last_observation = obs
+                self.service.observe(obs)
+                self._capacity_cache = None
+
+    def _slo_capacity(self) -> float | None:
+        """Requests/s one replica serves while every SLO class meets its objectives, for the
+        current token mix, from the learned service model (None while it is not known)."""
+        if not self.slos:
+            return None
+        if self._capacity_cache is None:
+            model, mix = self.service.model(), self.service.mix()
+            if model is None or mix is None:
+                return None
+            self._capacity_cache = (model, mix, model.slo_capacity_rps(mix, self.slos))
+        return self._capacity_cache[2]
+
+    @property
+    def capacity_source(self) -> str:
+        if self.config.capacity_rps is not None:
+            return "configured"
+        if self._slo_capacity():
+            return "service-model"
+        return "throughput" if self.online.learned_rps is not None else "prior"
 
     @property
     def capacity_rps(self) -> float:
-        return self.config.capacity_rps if self.config.capacity_rps is not None else self.online.capacity_rps
+        if self.config.capacity_rps is not None:
+            return self.config.capacity_rps
+        learned = self._slo_capacity()
+        if learned:
+            return learned
+        return self.online.capacity_rps
 
     # -- the decision ---------------------------------------------------------------------
     def fluid_queue(self, q0: float, lam: np.ndarray, ready_at: np.ndarray) -> np.ndarray:
@@ -188,6 +248,23 @@ class ForecastPolicy:
         dt, cold = self.config.step_seconds, self.config.cold_start_seconds
         t_end = np.arange(1, steps + 1) * dt
         return ready + starting * (t_end > cold / 2) + added * (t_end > cold)
+
+    def _latency_forecast(self, rates: tuple[float, float], replicas: int) -> tuple[dict, dict]:
+        """Per class, (mean TTFT at the mean demand, TTFT at the class's objective ratio at the
+        upper demand), and the same for TPOT, with `replicas` sharing the load."""
+        if self._capacity_cache is None or not self.slos:
+            return {}, {}
+        model, mix, _ = self._capacity_cache
+        at_mean, at_upper = (model.predict(r / max(replicas, 1), mix) for r in rates)
+
+        def mean(values, pred):
+            return float(values.mean()) if pred.stable else math.inf
+
+        multi = at_mean.output_tokens > 1
+        ttft = {s.name: (mean(at_mean.ttft_s, at_mean), at_upper.ttft_quantile(s.ratio)) for s in self.slos}
+        tpot = {s.name: (mean(at_mean.tpot_s[multi], at_mean) if multi.any() else 0.0,
+                         at_upper.tpot_quantile(s.ratio)) for s in self.slos}
+        return ttft, tpot
 
     def decide(self, now: float, starting_replicas: int = 0) -> Decision:
         cfg = self.config
@@ -230,10 +307,14 @@ class ForecastPolicy:
         spread = np.sqrt(np.sum((fc.upper[-w:] - fc.mean[-w:]) ** 2)) / w
         demand_upper = float(np.mean(fc.mean[-w:]) + spread)
         demand_floor = math.ceil(demand_upper / mu - 1e-9)
-        raw = min(cfg.max_replicas, max(cfg.min_replicas, fluid_n, need_now, demand_floor))
+        terms = {"queue": fluid_n, "now": need_now, "demand": demand_floor}
+        raw = min(cfg.max_replicas, max(cfg.min_replicas, *terms.values()))
         desired = self._stabilise(now, raw, ready + starting, demand_floor)
+        reasons = tuple(k for k, v in terms.items() if v == raw) or ("min",)
+        ttft, tpot = self._latency_forecast((float(fc.mean[-1]), float(fc.upper[-1])), max(1, ready + starting))
         return Decision(int(desired), float(q_mean), float(q_upper), float(fc.mean[-1]), float(fc.upper[-1]),
-                        float(mu), fc.model_name)
+                        float(mu), fc.model_name, ttft_s=ttft, tpot_s=tpot, capacity_source=self.capacity_source,
+                        service=self.service.params(), reasons=reasons)
 
     def _stabilise(self, now: float, raw: int, current: int, demand_floor: int) -> int:
         """Up at once; down only to the highest recommendation of the last window (as HPA does)."""
@@ -249,6 +330,36 @@ class ForecastPolicy:
 
     def close(self) -> None:
         self.selector.close()
+
+
+def _delta(prev, cur) -> float | None:
+    """A counter's increase over one step; None when unknown or reset (a restarted sidecar)."""
+    if prev is None or cur is None or not (math.isfinite(prev) and math.isfinite(cur)) or cur < prev:
+        return None
+    return cur - prev
+
+
+def _step_observation(prev: FleetSample, cur: FleetSample, arrival_rps: float | None) -> StepObservation | None:
+    dt = cur.t - prev.t
+    ended = _delta(prev.ended_total, cur.ended_total)
+    if dt <= 0 or ended is None or ended <= 0 or cur.ready_replicas <= 0:
+        return None
+    tokens_in = _delta(prev.input_tokens_total, cur.input_tokens_total)
+    tokens_out = _delta(prev.output_tokens_total, cur.output_tokens_total)
+    if tokens_in is None or tokens_out is None:
+        return None
+    return StepObservation(
+        dt=dt, replicas=int(cur.ready_replicas), arrival_rps=float(arrival_rps or 0.0), ended=ended,
+        input_tokens=tokens_in, output_tokens=tokens_out,
+        ttft_sum=_delta(prev.ttft_sum_total, cur.ttft_sum_total),
+        ttft_count=_delta(prev.ttft_count_total, cur.ttft_count_total),
+        tpot_sum=_delta(prev.tpot_sum_total, cur.tpot_sum_total),
+        tpot_count=_delta(prev.tpot_count_total, cur.tpot_count_total),
+        running=float(cur.running) if math.isfinite(cur.running) else 0.0,
+        waiting=float(cur.queue_waiting) if math.isfinite(cur.queue_waiting) else 0.0,
+        kv_usage=float(cur.kv_cache_usage),
+        prefill_sum=_delta(prev.prefill_sum_total, cur.prefill_sum_total),
+        prefill_count=_delta(prev.prefill_count_total, cur.prefill_count_total))
 
 
 __all__ = ["FleetSample", "PolicyConfig", "Decision", "ForecastPolicy"]

@@ -12,6 +12,7 @@ import threading
 import time
 
 from forecaster.policy import Decision, ForecastPolicy
+from forecaster.scoring import ForecastScorer
 from forecaster.server import ForecastState
 
 log = logging.getLogger("goodput.forecaster")
@@ -25,6 +26,7 @@ class Runner:
         self.clock = clock
         self.num_steps = 0
         self.num_source_errors = 0
+        self.scorer = ForecastScorer()
 
     def warm_up(self, seconds: float) -> int:
         """Feeds the policy the source's recent history, if it has one; returns samples read."""
@@ -53,7 +55,8 @@ class Runner:
             return None
         self.policy.observe(sample)
         decision = self.policy.decide(now, self.source.starting_replicas())
-        self.state.publish(decision, sample.ready_replicas)
+        self._score(now, sample, decision)
+        self.state.publish(decision, sample.ready_replicas, self.scorer.scores)
         self.num_steps += 1
         status = self.policy.selector.status
         log.info("desired=%d ready=%d rate=%.2f/%.2f queue@h=%.1f/%.1f model=%s%s", decision.desired_replicas,
@@ -61,6 +64,24 @@ class Runner:
                  decision.queue_depth_mean, decision.queue_depth_upper, decision.model_name,
                  f" ({status.last_error})" if status.source != "fit" and status.last_error else "")
         return decision
+
+    def _score(self, now: float, sample, decision: Decision) -> None:
+        """Scores forecasts now due against this step, then records this step's."""
+        obs = self.policy.last_observation
+        actuals = {"queue_depth": sample.queue_waiting,
+                   "arrival_rate": self.policy.history.rates["arrivals"].last}
+        if obs is not None and obs.ttft_count:
+            actuals["ttft"] = obs.ttft_sum / obs.ttft_count
+        if obs is not None and obs.tpot_count:
+            actuals["tpot"] = obs.tpot_sum / obs.tpot_count
+        self.scorer.observe(now, {k: v for k, v in actuals.items() if v is not None})
+        forecasts = {"queue_depth": (decision.queue_depth_mean, decision.queue_depth_upper),
+                     "arrival_rate": (decision.arrival_rate_mean, decision.arrival_rate_upper)}
+        # Latency of the default (first) class: all classes share one replica's physics.
+        for quantity, values in (("ttft", decision.ttft_s), ("tpot", decision.tpot_s)):
+            if values:
+                forecasts[quantity] = next(iter(values.values()))
+        self.scorer.record(now, self.state.horizon_seconds, forecasts)
 
     def run(self, stop: threading.Event) -> None:
         next_at = self.clock()

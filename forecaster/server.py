@@ -35,6 +35,7 @@ class Published:
     observed_replicas: int
     horizon_seconds: float
     timestamp: datetime
+    scores: dict | None = None   # forecaster.scoring.Score per quantity
 
 
 class ForecastState:
@@ -45,10 +46,10 @@ class ForecastState:
         self._lock = threading.Lock()
         self._published: Published | None = None
 
-    def publish(self, decision: Decision, observed_replicas: int) -> None:
+    def publish(self, decision: Decision, observed_replicas: int, scores: dict | None = None) -> None:
         with self._lock:
             self._published = Published(decision, observed_replicas, self.horizon_seconds,
-                                        datetime.now(timezone.utc))
+                                        datetime.now(timezone.utc), dict(scores) if scores else None)
 
     def get(self) -> Published | None:
         with self._lock:
@@ -90,6 +91,80 @@ class ForecastCollector:
                                  labels=["model_name"])
         info.add_metric([d.model_name], 1.0)
         yield info
+        yield from _latency_families(d, h)
+        yield from _service_families(d)
+        if p.scores:
+            yield from _score_families(p.scores, h)
+
+
+def _latency_families(d: Decision, h: str):
+    from prometheus_client.core import GaugeMetricFamily
+
+    for name, values, what in (("goodput_forecast_ttft_seconds", d.ttft_s, "TTFT"),
+                               ("goodput_forecast_tpot_seconds", d.tpot_s, "TPOT")):
+        g = GaugeMetricFamily(name, f"Predicted {what} at the horizon with the current replicas (service model): "
+                              f"bound=mean is the mean at the demand's mean; bound=upper what the class's objective "
+                              f"ratio of requests stay under at the demand's upper bound",
+                              labels=["horizon_seconds", "bound", "slo_class"])
+        for slo_class, (mean, upper) in sorted(values.items()):
+            g.add_metric([h, "mean", slo_class], mean)
+            g.add_metric([h, "upper", slo_class], upper)
+        yield g
+
+
+def _service_families(d: Decision):
+    """The learned service model of one replica, each parameter with its 90 % band."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    src = GaugeMetricFamily("goodput_replica_capacity_info", "Where the per-replica capacity comes from "
+                            "(configured, service-model, throughput, prior)", labels=["source"])
+    src.add_metric([d.capacity_source], 1.0)
+    yield src
+    p = d.service
+    if p is None:
+        return
+    m = p.model
+    for name, doc, mean, band in (
+            ("goodput_replica_decode_step_seconds", "Decode step time of one sequence alone (a + c)",
+             m.step_s(1.0), (p.decode_base_s[0] + p.decode_per_seq_s[0], p.decode_base_s[1] + p.decode_per_seq_s[1])),
+            ("goodput_replica_decode_step_per_sequence_seconds", "Decode step time added by each sequence in the batch",
+             m.decode_per_seq_s, p.decode_per_seq_s),
+            ("goodput_replica_prefill_tokens_per_second", "Prefill throughput of one replica",
+             m.prefill_tokens_per_s, p.prefill_tokens_per_s),
+            ("goodput_replica_kv_capacity_tokens", "KV cache capacity of one replica, tokens", m.kv_capacity_tokens,
+             p.kv_capacity_tokens)):
+        g = GaugeMetricFamily(name, doc + " (learned online; bound=lower/upper: 90 % band)", labels=["bound"])
+        g.add_metric(["mean"], mean)
+        g.add_metric(["lower"], band[0])
+        g.add_metric(["upper"], band[1])
+        yield g
+    t = GaugeMetricFamily("goodput_replica_tokens_per_request", "Mean tokens per request in the recent mix",
+                          labels=["kind"])
+    t.add_metric(["prompt"], p.prompt_mean)
+    t.add_metric(["output"], p.output_mean)
+    yield t
+
+
+def _score_families(scores: dict, h: str):
+    """Each published forecast scored against what was observed one horizon later."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    mae = GaugeMetricFamily("goodput_forecast_error_absolute", "Mean absolute error of the mean forecast one horizon "
+                            "later (recent forecasts weighted most; units of the quantity)",
+                            labels=["quantity", "horizon_seconds"])
+    rel = GaugeMetricFamily("goodput_forecast_error_ratio", "Mean absolute error over the mean actual",
+                            labels=["quantity", "horizon_seconds"])
+    cov = GaugeMetricFamily("goodput_forecast_error_upper_coverage_ratio", "Share of actuals at or under the "
+                            "published upper bound", labels=["quantity", "horizon_seconds"])
+    for quantity, s in sorted(scores.items()):
+        if not s.num_scored:
+            continue
+        mae.add_metric([quantity, h], s.mean_absolute_error)
+        rel.add_metric([quantity, h], s.relative_error)
+        cov.add_metric([quantity, h], s.upper_coverage)
+    yield mae
+    yield rel
+    yield cov
 
 
 def quantity(value: float) -> str:

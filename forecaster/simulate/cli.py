@@ -30,7 +30,7 @@ def register(registry) -> None:
     p.add_argument("--duration", type=float, default=None, help="ServeGen: length of the slice, seconds (default 6 h)")
     p.add_argument("--tick", type=float, default=None, help="fleet time step, seconds (default 0.1)")
     p.add_argument("--capacity-rps", type=float, default=None,
-                   help="per-replica capacity the forecaster is given (default: measured by a simulated sweep)")
+                   help="per-replica capacity the forecaster is given (default: learned online by its service model)")
     p.add_argument("--warmup", type=float, default=0.0,
                    help="score only from this many seconds in (requests arriving and replicas existing after it); default 0")
     p.add_argument("--target", type=float, default=0.99, help="attainment the oracle must reach (default 0.99)")
@@ -127,9 +127,17 @@ def run_command(args: argparse.Namespace) -> int:
              "wall_s": round(time.monotonic() - started, 1), **facts}
     print(title)
     capacity = facts.get("capacity_rps")
+    learned = facts.get("learned")
     print(f"SLO: TTFT <= {profile.slo.ttft_s:g} s and TPOT <= {profile.slo.tpot_s:g} s; "
           + (f"forecaster capacity {capacity:.2f} req/s per replica; " if capacity else "")
           + f"wall {setup['wall_s']} s")
+    if learned:
+        print(f"forecaster learned online: capacity {learned['capacity_rps']:.2f} req/s per replica "
+              f"({learned['capacity_source']}); prefill {learned['prefill_tokens_per_s']:.0f} tok/s "
+              f"(profile {profile.prefill_tokens_per_s:g}), step {1000 * learned['decode_base_s']:.1f} ms + "
+              f"{1000 * learned['decode_per_seq_s']:.2f} ms/seq (profile {1000 * profile.decode_base_s:g} + "
+              f"{1000 * profile.decode_per_seq_s:g}), mix {learned['prompt_mean']:.0f}/{learned['output_mean']:.0f} "
+              f"tokens in/out")
     print(report.text_table(results))
     if args.json:
         report.write_json(Path(args.json), setup, results)

@@ -65,6 +65,10 @@ class FleetView:
     good_total: float
     finished_total: float
     dropped_total: float
+    # Sums of the finished requests' TTFT and TPOT (what the sidecars' histograms export).
+    ttft_sum: float = 0.0
+    tpot_sum: float = 0.0
+    tpot_count: float = 0.0
 
     @property
     def in_flight(self) -> float:
@@ -111,6 +115,9 @@ class RequestFleet:
         self._good_total = 0
         self._finished_total = 0
         self._dropped_total = 0
+        self._ttft_sum = 0.0
+        self._tpot_sum = 0.0
+        self._tpot_count = 0
         for _ in range(initial_replicas):
             self._add_replica(created_s=-cold_start_s, ready_s=0.0)
 
@@ -248,6 +255,10 @@ class RequestFleet:
                 ttft = self._t_first[i] - self._arr[i]
                 tpot = (self._t_done[i] - self._t_first[i]) / (out[i] - 1) if out[i] > 1 else 0.0
                 good = ttft <= slo.ttft_s and tpot <= slo.tpot_s
+                self._ttft_sum += ttft
+                if out[i] > 1:
+                    self._tpot_sum += tpot
+                    self._tpot_count += 1
                 self._good[i] = good
                 self._good_total += good
                 r.kv_reserved -= prompt[i] + out[i]
@@ -308,6 +319,7 @@ class RequestFleet:
             good_total=float(self._good_total),
             finished_total=float(self._finished_total),
             dropped_total=float(self._dropped_total),
+            ttft_sum=self._ttft_sum, tpot_sum=self._tpot_sum, tpot_count=float(self._tpot_count),
         )
 
     @property

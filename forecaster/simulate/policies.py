@@ -166,7 +166,7 @@ class Goodput(Policy):
     name = "goodput"
 
     def __init__(self, limits: Limits, cold_start_s: float, capacity_rps: float | None, step_s: float = 15.0,
-                 **overrides):
+                 slo=None, target: float = 0.99, **overrides):
         super().__init__(limits)
         from forecaster.policy import ForecastPolicy, PolicyConfig  # the real thing, not a copy
 
@@ -180,6 +180,13 @@ class Goodput(Policy):
         config = PolicyConfig(**{**fields, **overrides})
         self.forecaster = ForecastPolicy(config)
         self.decisions: list = []
+        # The SLO as the sidecars would announce it (goodput_slo_target_seconds), nothing else.
+        if slo is not None:
+            from forecaster.service_model import Slo
+
+            self.slos = (Slo(ttft_s=slo.ttft_s, tpot_s=slo.tpot_s, ratio=target, name="default"),)
+        else:
+            self.slos = None
 
     def compute(self, view, history):
         from forecaster.policy import FleetSample
@@ -188,7 +195,9 @@ class Goodput(Policy):
             t=view.t, arrivals_total=view.arrivals_total, input_tokens_total=view.input_tokens_total,
             output_tokens_total=view.output_tokens_total, in_flight=view.in_flight,
             queue_waiting=view.waiting, running=view.running, kv_cache_usage=view.kv_usage,
-            preemptions_total=0.0, ready_replicas=view.ready, good_total=view.good_total))
+            preemptions_total=0.0, ready_replicas=view.ready, good_total=view.good_total,
+            ended_total=view.finished_total, ttft_sum_total=view.ttft_sum, ttft_count_total=view.finished_total,
+            tpot_sum_total=view.tpot_sum, tpot_count_total=view.tpot_count, slos=self.slos))
         decision = self.forecaster.decide(view.t, starting_replicas=view.starting)
         self.decisions.append((view.t, decision))
         return decision.desired_replicas
@@ -198,7 +207,8 @@ class Goodput(Policy):
 
 
 def make_policy(name: str, limits: Limits, cold_start_s: float, capacity_rps: float | None,
-                saturation_interval_s: float = 30.0, goodput_overrides: dict | None = None) -> Policy:
+                saturation_interval_s: float = 30.0, goodput_overrides: dict | None = None,
+                slo=None, target: float = 0.99) -> Policy:
     if name == "utilization":
         return Utilization(limits)
     if name == "queue-adapter":
@@ -208,5 +218,5 @@ def make_policy(name: str, limits: Limits, cold_start_s: float, capacity_rps: fl
     if name == "saturation":
         return Saturation(limits, saturation_interval_s)
     if name == "goodput":
-        return Goodput(limits, cold_start_s, capacity_rps, **(goodput_overrides or {}))
+        return Goodput(limits, cold_start_s, capacity_rps, slo=slo, target=target, **(goodput_overrides or {}))
     raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")

@@ -4,9 +4,11 @@ A profile is the simulator's whole knowledge of the serving engine. It comes fro
 (`goodput bench engine --json` or a `goodput sweep` result written as JSON with the fields below)
 or from one of the built-in profiles, whose sources are stated next to their numbers.
 
-Decode step time is linear in the batch: step(b) = decode_base_s + decode_per_seq_s * b. That is
-what a memory-bound decoder does (every step reads all weights once; each sequence adds its KV
-reads and a little compute), and both built-in profiles are fitted to two measured points.
+Each profile is an instance of forecaster.service_model.ServiceModel, the model the forecaster
+plans with, plus the SLO its scenario is scored against. Decode step time is linear in the batch:
+step(b) = decode_base_s + decode_per_seq_s * b. That is what a memory-bound decoder does (every
+step reads all weights once; each sequence adds its KV reads and a little compute), and both
+built-in profiles are fitted to two measured points.
 """
 
 from __future__ import annotations
@@ -15,53 +17,15 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-
-@dataclass(frozen=True)
-class Slo:
-    """The objective a request must meet to count as good: both TTFT and TPOT."""
-
-    ttft_s: float
-    tpot_s: float
-
-    def __post_init__(self) -> None:
-        if self.ttft_s <= 0 or self.tpot_s <= 0:
-            raise ValueError(f"SLO objectives must be positive, got ttft_s={self.ttft_s}, tpot_s={self.tpot_s}")
+from forecaster.service_model import ServiceModel, Slo
 
 
-@dataclass(frozen=True)
-class ServiceProfile:
-    """One replica's service model."""
+@dataclass(frozen=True, kw_only=True)
+class ServiceProfile(ServiceModel):
+    """A simulated replica: a ServiceModel (forecaster/service_model.py, the one model the
+    forecaster plans with) and the SLO its scenario is scored against."""
 
-    name: str
-    prefill_tokens_per_s: float
-    decode_base_s: float
-    decode_per_seq_s: float
-    kv_capacity_tokens: int
-    max_batch: int
-    # Tokens one engine step may carry (vLLM's max_num_batched_tokens): prefill is chunked into
-    # this budget, so a long prompt slows the running decodes instead of stopping them.
-    step_token_budget: int
     slo: Slo
-    source: str = ""
-
-    def __post_init__(self) -> None:
-        for field in ("prefill_tokens_per_s", "decode_base_s", "kv_capacity_tokens", "max_batch", "step_token_budget"):
-            if getattr(self, field) <= 0:
-                raise ValueError(f"profile {self.name!r}: {field} must be positive, got {getattr(self, field)}")
-        if self.decode_per_seq_s < 0:
-            raise ValueError(f"profile {self.name!r}: decode_per_seq_s must be >= 0, got {self.decode_per_seq_s}")
-
-    def step_s(self, batch: float) -> float:
-        """Seconds for one decode step carrying `batch` sequences."""
-        return self.decode_base_s + self.decode_per_seq_s * batch
-
-    def request_work_s(self, prompt_tokens: float, output_tokens: float, batch: float) -> float:
-        """Replica-seconds one request costs when it shares decode steps with `batch` sequences.
-
-        Prefill is the prompt at the prefill rate; decode is its share of `output_tokens` steps.
-        The oracle and the fluid fleet both size capacity with this one formula.
-        """
-        return prompt_tokens / self.prefill_tokens_per_s + output_tokens * self.step_s(batch) / max(batch, 1.0)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -146,5 +110,5 @@ def load_profile(name_or_path: str) -> ServiceProfile:
     try:
         slo = Slo(**data.pop("slo"))
         return ServiceProfile(slo=slo, **data)
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"profile file {path}: {exc}; expected the fields of {sorted(ServiceProfile.__dataclass_fields__)}") from exc

@@ -8,7 +8,7 @@ after the last arrival is simulated so every request finishes, but not billed).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -121,35 +121,97 @@ def simulate_trace(trace: RequestTrace, profile: ServiceProfile, policy_names: l
     required = required_replicas(work_per_second(trace, profile), profile.slo.ttft_s)
     base_plan = oracle_plan(required, loop.cold_start_s, limits.min_replicas, limits.max_replicas)
     initial = int(base_plan[0])
-    if capacity_rps is None and "goodput" in policy_names:
-        capacity_rps = sweep_capacity(profile, trace, target, tick_s=tick_s)
+    # The goodput policy learns its capacity online (the service model, from the fleet's own
+    # metrics and the SLO) unless one is handed to it.
     runs: list[PolicyRun] = []
+    learned = None
+    static = None
+    if "static" in policy_names:
+        static = _static_search(trace, profile, loop, limits, required, tick_s, target, progress, warmup_s)
     for name in policy_names:
         if name == "oracle":
-            runs.append(_oracle_search(trace, profile, loop, limits, required, tick_s, target, progress, warmup_s))
+            runs.append(_oracle_search(trace, profile, loop, limits, required, tick_s, target, progress, warmup_s,
+                                       static))
             continue
         if name == "static":
-            runs.append(_static_search(trace, profile, loop, limits, required, tick_s, target, progress, warmup_s))
+            runs.append(static)
             continue
-        policy = make_policy(name, limits, loop.cold_start_s, capacity_rps, goodput_overrides=goodput_overrides)
+        policy = make_policy(name, limits, loop.cold_start_s, capacity_rps, goodput_overrides=goodput_overrides,
+                             slo=profile.slo, target=target)
         fleet = RequestFleet(profile, trace, initial, loop.cold_start_s, tick_s)
         timeline = run(fleet, policy, loop, end, progress=_bind(progress, name))
         runs.append(score(name, fleet, timeline, required, end, warmup_s=warmup_s))
+        if name == "goodput" and capacity_rps is None:
+            learned = _learned(policy)
     facts = {"initial_replicas": initial, "warmup_s": warmup_s, "capacity_rps": capacity_rps, "requests": len(trace),
              "duration_s": end, "mean_rate_rps": len(trace) / end if end else 0.0}
+    if learned is not None:
+        facts["learned"] = learned
     return runs, facts
 
 
-def _oracle_search(trace, profile, loop, limits, required, tick_s, target, progress, warmup_s) -> PolicyRun:
-    best = None
-    for headroom in HEADROOMS:
-        plan = oracle_plan(required * headroom, loop.cold_start_s, limits.min_replicas, limits.max_replicas)
-        fleet = RequestFleet(profile, trace, int(plan[0]), loop.cold_start_s, tick_s)
-        timeline = run(fleet, Oracle(plan, headroom), loop, trace.duration_s, progress=_bind(progress, f"oracle x{headroom:g}"))
-        best = score("oracle", fleet, timeline, required, trace.duration_s, note=f"headroom x{headroom:g}", warmup_s=warmup_s)
-        if best.result.attainment >= target:
+def _learned(policy) -> dict | None:
+    """What the goodput policy's service model learned by the end of the run, beside the truth."""
+    f = policy.forecaster
+    params = f.service.params()
+    if params is None:
+        return None
+    m = params.model
+    return {"capacity_rps": f.capacity_rps, "capacity_source": f.capacity_source,
+            "prefill_tokens_per_s": m.prefill_tokens_per_s, "decode_base_s": m.decode_base_s,
+            "decode_per_seq_s": m.decode_per_seq_s, "kv_capacity_tokens": m.kv_capacity_tokens,
+            "prompt_mean": params.prompt_mean, "output_mean": params.output_mean, "steps": params.num_steps}
+
+
+def _oracle_search(trace, profile, loop, limits, required, tick_s, target, progress, warmup_s,
+                   static: PolicyRun | None = None) -> PolicyRun:
+    """The cheapest clairvoyant plan that meets `target`: the headroom on the work-based plan is
+    bisected (below 1 too: the work formula prices decode at a fixed batch, so it can overstate
+    what a replica needs), and a fixed fleet that meets the target is a clairvoyant plan as well,
+    so the oracle is never costlier than the static search on the same run."""
+    tried: dict[float, PolicyRun] = {}
+
+    def attempt(headroom: float) -> PolicyRun:
+        headroom = round(headroom, 3)
+        if headroom not in tried:
+            plan = oracle_plan(required * headroom, loop.cold_start_s, limits.min_replicas, limits.max_replicas)
+            fleet = RequestFleet(profile, trace, int(plan[0]), loop.cold_start_s, tick_s)
+            timeline = run(fleet, Oracle(plan, headroom), loop, trace.duration_s,
+                           progress=_bind(progress, f"oracle x{headroom:g}"))
+            tried[headroom] = score("oracle", fleet, timeline, required, trace.duration_s,
+                                    note=f"headroom x{headroom:g}", warmup_s=warmup_s)
+        return tried[headroom]
+
+    def meets(r: PolicyRun) -> bool:
+        return r.result.attainment >= target
+
+    # Bracket: find a headroom that meets the target and one that does not, then bisect.
+    lo, hi = None, None
+    for h in (1.0, *HEADROOMS[1:]):
+        if meets(attempt(h)):
+            hi = h
             break
-    return best
+        lo = h
+    if hi is not None and lo is None:
+        lo_try = 0.5
+        while lo_try >= 0.125 and meets(attempt(lo_try)):
+            hi, lo_try = lo_try, lo_try / 2
+        lo = lo_try if lo_try >= 0.125 else None
+    if hi is not None and lo is not None:
+        for _ in range(4):
+            mid = (lo + hi) / 2
+            if meets(attempt(mid)):
+                hi = mid
+            else:
+                lo = mid
+    feasible = [r for r in tried.values() if meets(r)]
+    if static is not None and meets(static):
+        as_oracle = PolicyRun(replace(static.result, policy="oracle", note=f"fixed fleet: {static.result.note}"),
+                              static.series)
+        feasible.append(as_oracle)
+    if not feasible:
+        return max(tried.values(), key=lambda r: r.result.attainment)
+    return min(feasible, key=lambda r: r.result.replica_minutes)
 
 
 def _bind(progress, name):

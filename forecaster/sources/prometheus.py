@@ -26,6 +26,11 @@ DEFAULT_QUERIES = {
     "input_tokens": "sum(rate(goodput_input_tokens_total[{window}]))",
     "output_tokens": "sum(rate(goodput_output_tokens_total[{window}]))",
     "preemptions": "sum(rate(goodput_engine_preemptions_total[{window}]))",
+    "ended": "sum(rate(goodput_requests_total[{window}]))",
+    "ttft_sum": "sum(rate(goodput_ttft_seconds_sum[{window}]))",
+    "ttft_count": "sum(rate(goodput_ttft_seconds_count[{window}]))",
+    "tpot_sum": "sum(rate(goodput_tpot_seconds_sum[{window}]))",
+    "tpot_count": "sum(rate(goodput_tpot_seconds_count[{window}]))",
     "in_flight": "sum(goodput_requests_in_flight)",
     "queue_waiting": "sum(goodput_engine_requests_waiting)",
     "running": "sum(goodput_engine_requests_running)",
@@ -33,7 +38,10 @@ DEFAULT_QUERIES = {
     "ready_replicas": "sum(goodput_engine_up)",
     "starting_replicas": "",  # e.g. kube-state-metrics: sum(kube_deployment_status_replicas_unavailable{...})
 }
-RATES = ("arrivals", "good", "input_tokens", "output_tokens", "preemptions")
+RATES = ("arrivals", "good", "input_tokens", "output_tokens", "preemptions", "ended", "ttft_sum", "ttft_count",
+         "tpot_sum", "tpot_count")
+SLO_QUERIES = ("max by (slo_class, objective) (goodput_slo_target_seconds)",
+               "max by (slo_class) (goodput_slo_objective_ratio)")
 
 
 class PrometheusError(RuntimeError):
@@ -53,6 +61,7 @@ class PrometheusSource:
         self._totals = {k: 0.0 for k in RATES}
         self._last_t: float | None = None
         self._starting = 0
+        self.slos: tuple = ()
 
     def _get(self, path: str, params: dict) -> list:
         try:
@@ -93,13 +102,39 @@ class PrometheusSource:
                            kv_cache_usage=values.get("kv_cache_usage", float("nan")),
                            preemptions_total=self._totals["preemptions"],
                            ready_replicas=int(ready) if math.isfinite(ready) else 0,
-                           good_total=self._totals["good"])
+                           good_total=self._totals["good"], ended_total=self._totals["ended"],
+                           ttft_sum_total=self._totals["ttft_sum"], ttft_count_total=self._totals["ttft_count"],
+                           tpot_sum_total=self._totals["tpot_sum"], tpot_count_total=self._totals["tpot_count"],
+                           slos=self.slos or None)
+
+    def _read_slos(self, t: float) -> None:
+        """The SLO classes the sidecars announce; kept as they were when the query fails."""
+        from forecaster.service_model import Slo
+
+        try:
+            targets, ratios = (self._get("/api/v1/query", {"query": q, "time": f"{t:.3f}"}) for q in SLO_QUERIES)
+        except PrometheusError:
+            return
+        by_class: dict[str, dict[str, float]] = {}
+        for r in targets:
+            by_class.setdefault(r["metric"].get("slo_class", ""), {})[r["metric"].get("objective", "")] = float(r["value"][1])
+        ratio = {r["metric"].get("slo_class", ""): float(r["value"][1]) for r in ratios}
+        found = []
+        for name, t_ in sorted(by_class.items()):
+            try:
+                found.append(Slo(ttft_s=t_.get("ttft", math.inf), tpot_s=t_.get("tpot", math.inf),
+                                 ratio=ratio.get(name, 0.99), name=name or "default"))
+            except ValueError:
+                continue
+        if found:
+            self.slos = tuple(found)
 
     def poll(self, now: float | None = None) -> FleetSample | None:
         now = time.time() if now is None else now
         values = {k: self.instant(q, now) for k, q in self.queries.items() if q}
         if not math.isfinite(values.get("arrivals", float("nan"))):
             return None  # no request counter at all yet: nothing to forecast from
+        self._read_slos(now)
         return self._integrate(now, values)
 
     def history(self, seconds: float, now: float | None = None) -> list[FleetSample]:

@@ -29,6 +29,14 @@ COUNTERS = {
     "input_tokens": ("goodput_input_tokens_total", None),
     "output_tokens": ("goodput_output_tokens_total", None),
     "preemptions": ("goodput_engine_preemptions_total", None),
+    # For the service model: requests that ended, and the latency histograms' sums and counts.
+    "ended": ("goodput_requests_total", None),
+    "ttft_sum": ("goodput_ttft_seconds_sum", None),
+    "ttft_count": ("goodput_ttft_seconds_count", None),
+    "tpot_sum": ("goodput_tpot_seconds_sum", None),
+    "tpot_count": ("goodput_tpot_seconds_count", None),
+    "prefill_sum": ("goodput_engine_prefill_time_seconds_sum", None),
+    "prefill_count": ("goodput_engine_prefill_time_seconds_count", None),
 }
 GAUGES = {
     "in_flight": "goodput_requests_in_flight",
@@ -37,6 +45,34 @@ GAUGES = {
     "kv_cache_usage": "goodput_engine_kv_cache_usage_ratio",
     "engine_up": "goodput_engine_up",
 }
+
+
+def parse_slos(text: str) -> tuple:
+    """The SLO classes a sidecar announces (goodput_slo_target_seconds, goodput_slo_objective_ratio)."""
+    from forecaster.service_model import Slo
+
+    targets: dict[str, dict[str, float]] = {}
+    ratios: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name not in ("goodput_slo_target_seconds", "goodput_slo_objective_ratio"):
+            continue
+        for s in family.samples:
+            name = s.labels.get("slo_class")
+            if not name or not math.isfinite(s.value):
+                continue
+            if family.name == "goodput_slo_objective_ratio":
+                ratios[name] = s.value
+            else:
+                targets.setdefault(name, {})[s.labels.get("objective", "")] = s.value
+    out = []
+    for name in sorted(targets):
+        t = targets[name]
+        try:
+            out.append(Slo(ttft_s=t.get("ttft", math.inf), tpot_s=t.get("tpot", math.inf),
+                           ratio=ratios.get(name, 0.99), name=name))
+        except ValueError:
+            continue  # a class without usable objectives cannot be planned for
+    return tuple(s for s in out if math.isfinite(s.ttft_s) or math.isfinite(s.tpot_s))
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -80,12 +116,17 @@ class ScrapeSource:
         self._totals = {k: 0.0 for k in COUNTERS}
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="scrape")
         self.last_errors: dict[str, str] = {}
+        self.slos: tuple = ()
 
     def _scrape(self, url: str) -> dict[str, float] | None:
         try:
             resp = self._client.get(url)
             resp.raise_for_status()
-            return parse_metrics(resp.text)
+            found = parse_metrics(resp.text)
+            slos = parse_slos(resp.text)
+            if slos:
+                self.slos = slos
+            return found
         except (httpx.HTTPError, ValueError) as exc:
             self.last_errors[url] = f"{type(exc).__name__}: {exc}"
             return None
@@ -122,7 +163,12 @@ class ScrapeSource:
                            queue_waiting=gauges["queue_waiting"], running=gauges["running"],
                            kv_cache_usage=kv_sum / kv_n if kv_n else float("nan"),
                            preemptions_total=self._totals["preemptions"], ready_replicas=ready,
-                           good_total=self._totals["good"])
+                           good_total=self._totals["good"], ended_total=self._totals["ended"],
+                           ttft_sum_total=self._totals["ttft_sum"], ttft_count_total=self._totals["ttft_count"],
+                           tpot_sum_total=self._totals["tpot_sum"], tpot_count_total=self._totals["tpot_count"],
+                           prefill_sum_total=self._totals["prefill_sum"] if self._totals["prefill_count"] else None,
+                           prefill_count_total=self._totals["prefill_count"] if self._totals["prefill_count"] else None,
+                           slos=self.slos or None)
 
     def starting_replicas(self) -> int:
         return self._starting() if self._starting else 0

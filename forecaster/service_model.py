@@ -1,0 +1,250 @@
+"""What one replica serves within an SLO: the service model shared by the forecaster and the simulator.
+
+A replica is an engine with continuous batching and chunked prefill, scheduled as vLLM V1 does:
+every step carries one token for each decoding sequence plus up to `step_token_budget` prompt
+tokens. Its parameters:
+
+- decode step time: step(b) = decode_base_s + decode_per_seq_s·b + decode_per_ctx_token_s·(context
+  tokens the batch holds) — weights read once a step, KV reads and a little compute per sequence;
+- prefill throughput `prefill_tokens_per_s` (a chunk of C tokens adds C / rate to its step);
+- KV capacity in tokens and the largest batch (vLLM's max_num_seqs).
+
+`predict(rate, mix)` answers, for one replica receiving `rate` requests/s of a token mix: the
+decode batch, TTFT and TPOT (means and quantiles) and the share of requests meeting an SLO. It is
+a fluid approximation for decode plus an M/G/1 queue for prefill:
+
+- Work conservation over a second: steps·step(B) + λ·P̄/rate_p = 1 with steps·B = λ·Ō tokens, so
+  B = λŌ·a / (1 − ρ_p − λŌ·c') and TPOT = step(B) / (1 − ρ_p), where ρ_p = λP̄ / rate_p is the
+  share of time spent on prompt tokens, a = decode_base_s and c' the per-sequence cost including
+  its context. Stable only while the denominator is positive, B <= max_batch and B·(P̄ + Ō/2)
+  fits the KV cache.
+- Prefill is FIFO; a prompt of P tokens occupies the prefill "server" for
+  S(P) = P / rate_p + ceil(P / C)·step(B) (its chunks ride on decode steps). Waiting time is
+  M/G/1 (Pollaczek-Khinchine mean, an exponential tail behind the busy probability ρ_q).
+- Quantiles come from a fixed set of sampled requests (common random numbers, so predictions at
+  neighbouring loads are monotone): TTFT_i = W_i + S(P_i) + step(B)/2, and TPOT_i = step(B) plus
+  the prompt work processed during its own decode, spread over its O_i − 1 tokens: the prompts
+  that queued behind it (Poisson arrivals over W_i + S_i, so a request that waited decodes
+  through the rest of its busy period) and those arriving while it decodes, at most a chunk a
+  step.
+
+The simulator's fleet (forecaster/simulate/fleet.py) runs the same physics request by request;
+tests/forecaster/test_service_model.py measures how far the closed form is from it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+_SAMPLES = 4000
+
+
+@dataclass(frozen=True)
+class Slo:
+    """An SLO class's objectives: TTFT and TPOT both met, for `ratio` of its requests."""
+
+    ttft_s: float
+    tpot_s: float
+    ratio: float = 0.99
+    name: str = "default"
+
+    def __post_init__(self) -> None:
+        if self.ttft_s <= 0 or self.tpot_s <= 0:
+            raise ValueError(f"SLO objectives must be positive, got ttft_s={self.ttft_s}, tpot_s={self.tpot_s}")
+        if not 0 < self.ratio < 1:
+            raise ValueError(f"SLO objective ratio must be in (0, 1), got {self.ratio}")
+
+
+@dataclass(frozen=True)
+class TokenMix:
+    """The distribution of request sizes: sampled prompt and output lengths (tokens)."""
+
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+
+    def __post_init__(self) -> None:
+        if len(self.prompt_tokens) == 0 or len(self.prompt_tokens) != len(self.output_tokens):
+            raise ValueError("a token mix needs as many prompt as output lengths, and at least one")
+
+    @classmethod
+    def from_samples(cls, prompt, output, n: int = _SAMPLES, seed: int = 7) -> "TokenMix":
+        """A fixed-size resample of observed (prompt, output) pairs, kept paired."""
+        prompt = np.asarray(prompt, dtype=float)
+        output = np.maximum(1.0, np.asarray(output, dtype=float))
+        rng = np.random.default_rng(seed)
+        pick = rng.integers(0, len(prompt), n) if len(prompt) != n else np.arange(n)
+        return cls(prompt[pick], output[pick])
+
+    @classmethod
+    def from_means(cls, prompt_mean: float, output_mean: float, n: int = _SAMPLES, seed: int = 7) -> "TokenMix":
+        """What the fleet's counters tell: only the mean lengths. Shapes are assumed exponential
+        (coefficient of variation 1, about what the Azure and Mooncake traces show for prompts),
+        which prices the queueing that variable lengths cause instead of assuming none."""
+        if not (prompt_mean > 0 and output_mean > 0):
+            raise ValueError(f"mean lengths must be > 0, got prompt {prompt_mean}, output {output_mean}")
+        u = (np.arange(n) + 0.5) / n
+        rng = np.random.default_rng(seed)
+        prompt = np.maximum(1.0, np.round(-prompt_mean * np.log1p(-u)))
+        output = np.maximum(1.0, np.round(-output_mean * np.log1p(-rng.permutation(u))))
+        return cls(prompt, output)
+
+    @property
+    def prompt_mean(self) -> float:
+        return float(np.mean(self.prompt_tokens))
+
+    @property
+    def output_mean(self) -> float:
+        return float(np.mean(self.output_tokens))
+
+    def scaled(self, prompt: float = 1.0, output: float = 1.0) -> "TokenMix":
+        return TokenMix(np.maximum(1.0, self.prompt_tokens * prompt), np.maximum(1.0, self.output_tokens * output))
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One replica's steady state at one arrival rate (per replica)."""
+
+    rate_rps: float
+    stable: bool
+    batch: float                  # mean decoding sequences
+    step_s: float                 # decode step time at that batch
+    prefill_busy: float           # share of time prefill's queue is busy (rho of the M/G/1)
+    ttft_s: np.ndarray = field(repr=False)   # per sampled request (inf when unstable)
+    tpot_s: np.ndarray = field(repr=False)
+    output_tokens: np.ndarray = field(repr=False)
+
+    def ttft_quantile(self, q: float) -> float:
+        return float(np.quantile(self.ttft_s, q)) if self.stable else math.inf
+
+    def tpot_quantile(self, q: float) -> float:
+        """Over requests with at least two output tokens (TPOT is undefined for one)."""
+        if not self.stable:
+            return math.inf
+        multi = self.tpot_s[self.output_tokens > 1]
+        return float(np.quantile(multi, q)) if len(multi) else 0.0
+
+    def good_share(self, slo: Slo) -> float:
+        if not self.stable:
+            return 0.0
+        return float(np.mean((self.ttft_s <= slo.ttft_s) & (self.tpot_s <= slo.tpot_s)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceModel:
+    """One replica's service model (see the module docstring)."""
+
+    prefill_tokens_per_s: float
+    decode_base_s: float
+    decode_per_seq_s: float
+    kv_capacity_tokens: float
+    max_batch: int
+    # Prompt tokens one engine step may carry (vLLM's max_num_batched_tokens).
+    step_token_budget: int
+    decode_per_ctx_token_s: float = 0.0
+    name: str = "model"
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for f in ("prefill_tokens_per_s", "decode_base_s", "kv_capacity_tokens", "max_batch", "step_token_budget"):
+            if not getattr(self, f) > 0:
+                raise ValueError(f"service model {self.name!r}: {f} must be positive, got {getattr(self, f)}")
+        for f in ("decode_per_seq_s", "decode_per_ctx_token_s"):
+            if getattr(self, f) < 0:
+                raise ValueError(f"service model {self.name!r}: {f} must be >= 0, got {getattr(self, f)}")
+
+    def step_s(self, batch: float, context_tokens: float = 0.0) -> float:
+        """Seconds for one decode step carrying `batch` sequences holding `context_tokens` in all."""
+        return self.decode_base_s + self.decode_per_seq_s * batch + self.decode_per_ctx_token_s * context_tokens
+
+    def request_work_s(self, prompt_tokens, output_tokens, batch: float):
+        """Replica-seconds one request costs when it shares decode steps with `batch` sequences:
+        its prompt at the prefill rate plus its share of `output_tokens` steps."""
+        return prompt_tokens / self.prefill_tokens_per_s + output_tokens * self.step_s(batch) / max(batch, 1.0)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    # -- prediction -----------------------------------------------------------------------
+    def predict(self, rate_rps: float, mix: TokenMix, seed: int = 11) -> Prediction:
+        p, o = mix.prompt_tokens, mix.output_tokens
+        lam = max(0.0, float(rate_rps))
+        p_mean, o_mean = float(np.mean(p)), float(np.mean(o))
+        ctx = p_mean + o_mean / 2.0          # context a decoding sequence holds, on average
+        per_seq = self.decode_per_seq_s + self.decode_per_ctx_token_s * ctx
+        rho_p = lam * p_mean / self.prefill_tokens_per_s
+        denom = 1.0 - rho_p - lam * o_mean * per_seq
+        nan = np.full(len(p), math.inf)
+        if denom <= 0:
+            return Prediction(lam, False, math.inf, math.inf, 1.0, nan, nan, o)
+        batch = lam * o_mean * self.decode_base_s / denom
+        if batch > self.max_batch or batch * ctx > self.kv_capacity_tokens:
+            return Prediction(lam, False, batch, math.inf, 1.0, nan, nan, o)
+        b_eff = max(batch, 1.0)
+        step = self.decode_base_s + per_seq * b_eff
+        # Prefill as an M/G/1 queue: service = prompt time plus the decode part of each chunk's step.
+        chunk = float(self.step_token_budget)
+        service = p / self.prefill_tokens_per_s + np.ceil(p / chunk) * step
+        rho_q = lam * float(np.mean(service))
+        if rho_q >= 1.0:
+            return Prediction(lam, False, batch, step, 1.0, nan, nan, o)
+        w_mean = lam * float(np.mean(service ** 2)) / (2.0 * (1.0 - rho_q))
+        rng = np.random.default_rng(seed)
+        u = rng.random(len(p))
+        busy = u < rho_q
+        # Conditional on waiting at all, an exponential with the mean that keeps E[W] = w_mean.
+        wait = np.where(busy, -np.log(np.maximum(1e-12, rng.random(len(p)))) * (w_mean / max(rho_q, 1e-12)), 0.0)
+        ttft = wait + service + step / 2.0
+        # TPOT: its own steps plus the prompt work processed while it decodes. That work is what
+        # queued behind it while it waited and prefilled (arrivals during W_i + S_i: a request that
+        # waited long decodes through the rest of that busy period) plus what arrives during its
+        # decode; at most one full chunk per step (the backlogged engine's pace).
+        tpot_mean = step / max(1e-9, 1.0 - rho_p)
+        gaps = np.maximum(o - 1.0, 1.0)
+        p_sd = float(np.std(p))
+        expected = lam * (wait + service + gaps * tpot_mean)
+        count = rng.poisson(expected)
+        tokens = np.maximum(0.0, count * p_mean + np.sqrt(count) * p_sd * rng.standard_normal(len(p)))
+        interference = np.minimum(tokens / self.prefill_tokens_per_s, gaps * chunk / self.prefill_tokens_per_s)
+        tpot = np.where(o > 1, step + interference / gaps, 0.0)
+        return Prediction(lam, True, batch, step, rho_q, ttft, tpot, o)
+
+    def slo_capacity_rps(self, mix: TokenMix, slos: list[Slo] | tuple[Slo, ...], hi: float | None = None) -> float:
+        """The highest per-replica arrival rate at which every class meets its objectives for
+        `ratio` of its requests (all classes share the replica's load). Bisection over the rate."""
+        if not slos:
+            raise ValueError("slo_capacity_rps needs at least one SLO class")
+
+        def meets(rate: float) -> bool:
+            pred = self.predict(rate, mix)
+            return pred.stable and all(pred.good_share(s) >= s.ratio for s in slos)
+
+        # Upper end: the rate that saturates prefill or decode, whichever comes first.
+        if hi is None:
+            work = float(np.mean(self.request_work_s(mix.prompt_tokens, mix.output_tokens, 1.0)))
+            hi = 2.0 / max(work, 1e-9) + 1.0
+        if not meets(1e-6):
+            return 0.0
+        lo = 0.0
+        for _ in range(30):
+            mid = (lo + hi) / 2
+            if meets(mid):
+                lo = mid
+            else:
+                hi = mid
+            if hi - lo < 1e-4 * max(hi, 1e-6):
+                break
+        return lo
+
+    def replicas_needed(self, rate_rps: float, mix: TokenMix, slos, min_replicas: int = 1,
+                        max_replicas: int = 1000) -> int:
+        """The fewest replicas at which, sharing `rate_rps` evenly, every class meets its objectives."""
+        capacity = self.slo_capacity_rps(mix, slos)
+        if capacity <= 0:
+            return max_replicas
+        return int(min(max_replicas, max(min_replicas, math.ceil(rate_rps / capacity - 1e-9))))
+
+
+__all__ = ["Slo", "TokenMix", "Prediction", "ServiceModel"]
