@@ -48,6 +48,10 @@ class FleetSample:
     tpot_count_total: float | None = None
     prefill_sum_total: float | None = None    # goodput_engine_prefill_time_seconds_sum / _count
     prefill_count_total: float | None = None
+    queue_sum_total: float | None = None      # goodput_engine_queue_time_seconds_sum / _count
+    queue_count_total: float | None = None
+    generation_tokens_total: float | None = None  # goodput_engine_generation_tokens_total (as generated)
+    engine_steps_total: float | None = None       # goodput_engine_steps_total (engine iterations)
     slos: tuple | None = None                 # the sidecars' SLO classes (service_model.Slo)
 
 
@@ -298,7 +302,10 @@ class ForecastPolicy:
                 fluid_n = n
                 break
         # Never fewer than today's rate plus draining today's queue needs, nor the demand's upper bound.
-        rate_now = float(arrivals.last or 0.0)
+        # Today's rate: over the last two steps, less one Poisson standard deviation, so a few
+        # requests more than usual in one step at a low rate is not read as a step change, while
+        # a real one (load doubling past capacity) shows within two steps.
+        rate_now = _rate_lower_bound(y[-2:], cfg.step_seconds)
         need_now = math.ceil((rate_now + max(0.0, q0 - cfg.target_queue) / cfg.drain_seconds) / mu - 1e-9)
         # The demand's upper bound: of the mean rate over the last `drain_seconds` of the horizon
         # (a queue drains within that, so shorter bursts need no replica of their own), with
@@ -332,11 +339,25 @@ class ForecastPolicy:
         self.selector.close()
 
 
+def _rate_lower_bound(rates: np.ndarray, step_s: float) -> float:
+    """A Poisson rate from its last few per-step rates, less one standard deviation of its count."""
+    if len(rates) == 0:
+        return 0.0
+    span = len(rates) * step_s
+    n = max(0.0, float(np.sum(rates)) * step_s)
+    return max(0.0, n - math.sqrt(n)) / span
+
+
 def _delta(prev, cur) -> float | None:
     """A counter's increase over one step; None when unknown or reset (a restarted sidecar)."""
     if prev is None or cur is None or not (math.isfinite(prev) and math.isfinite(cur)) or cur < prev:
         return None
     return cur - prev
+
+
+def _mean_gauge(a: float, b: float) -> float:
+    vals = [v for v in (a, b) if math.isfinite(v)]
+    return sum(vals) / len(vals) if vals else 0.0
 
 
 def _step_observation(prev: FleetSample, cur: FleetSample, arrival_rps: float | None) -> StepObservation | None:
@@ -355,11 +376,18 @@ def _step_observation(prev: FleetSample, cur: FleetSample, arrival_rps: float | 
         ttft_count=_delta(prev.ttft_count_total, cur.ttft_count_total),
         tpot_sum=_delta(prev.tpot_sum_total, cur.tpot_sum_total),
         tpot_count=_delta(prev.tpot_count_total, cur.tpot_count_total),
-        running=float(cur.running) if math.isfinite(cur.running) else 0.0,
+        # The requests that ended lived through the step: the batch they saw is nearer the step's
+        # mean than its end (gauges are instants), so take the mean of both ends.
+        running=_mean_gauge(prev.running, cur.running),
+        running_start=float(prev.running) if math.isfinite(prev.running) else 0.0,
         waiting=float(cur.queue_waiting) if math.isfinite(cur.queue_waiting) else 0.0,
         kv_usage=float(cur.kv_cache_usage),
         prefill_sum=_delta(prev.prefill_sum_total, cur.prefill_sum_total),
-        prefill_count=_delta(prev.prefill_count_total, cur.prefill_count_total))
+        prefill_count=_delta(prev.prefill_count_total, cur.prefill_count_total),
+        queue_sum=_delta(prev.queue_sum_total, cur.queue_sum_total),
+        queue_count=_delta(prev.queue_count_total, cur.queue_count_total),
+        generated_tokens=_delta(prev.generation_tokens_total, cur.generation_tokens_total),
+        engine_steps=_delta(prev.engine_steps_total, cur.engine_steps_total))
 
 
 __all__ = ["FleetSample", "PolicyConfig", "Decision", "ForecastPolicy"]

@@ -3,12 +3,17 @@
 Every forecast step turns the fleet's counters and gauges into per-replica observations:
 - decode: the step time y = TPOT · (1 − ρ_p) (TPOT from the sidecars' histograms, ρ_p the share
   of time the replica spends on prompt tokens) against the batch x = running requests per replica,
+  and, where the engines export iteration and generated-token counters (vLLM's
+  iteration_tokens_total, generation_tokens_total), the mean iteration time against the mean batch
+  per iteration of this very step (it moves as soon as the batch does; TPOT waits for requests to end),
   fitted as y = a + c·x by weighted least squares with exponential forgetting (recent steps count
   more; a weak prior keeps the slope sane while the batch has not moved);
-- prefill: the rate P̄ / S̄, where S̄ is the prefill time of a mean prompt: from the engine's own
-  per-request prefill histogram when it exports one (vLLM's `request_prefill_time_seconds`,
-  normalised by the sidecar), else TTFT minus the queue wait that Little's law gives from the
-  engine's waiting gauge (W = waiting / arrival rate), minus half a step;
+- prefill: per step, the mean TTFT net of the model's own M/G/1 queue wait at the observed arrival
+  rate (or the engine's own per-request prefill time where it exports one: vLLM's
+  `request_prefill_time_seconds`, normalised by the sidecar) against the step's mean prompt length,
+  fitted as a robust line: its slope is the time a prompt token occupies the prefill queue (the
+  prefill rate once the decode part of its chunks' steps is taken off), its intercept the fixed
+  part of TTFT every request pays (scheduling, tokenisation, network);
 - KV capacity: tokens held (running × (P̄ + Ō/2)) over the KV usage ratio, once usage is >= 5 %;
 - the token mix: mean prompt and output tokens per ended request.
 
@@ -20,6 +25,7 @@ finished requests, and callers fall back to their request-rate capacity until th
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,11 +49,17 @@ class StepObservation:
     ttft_count: float | None = None
     tpot_sum: float | None = None
     tpot_count: float | None = None
-    running: float = 0.0          # whole fleet, at the step's end
+    running: float = 0.0          # whole fleet, mean of the step's two ends
+    running_start: float = 0.0    # whole fleet, at the step's start
     waiting: float = 0.0
     kv_usage: float = math.nan    # mean over replicas
     prefill_sum: float | None = None    # engine-reported prefill seconds (whole fleet)
     prefill_count: float | None = None
+    queue_sum: float | None = None      # engine-reported queue seconds (whole fleet)
+    queue_count: float | None = None
+    generated_tokens: float | None = None   # tokens the engines generated in the step (counted as
+                                            # they stream, unlike output_tokens: at the end)
+    engine_steps: float | None = None       # engine iterations in the step (whole fleet)
 
 
 @dataclass(frozen=True)
@@ -62,23 +74,93 @@ class FittedParams:
     prompt_mean: float
     output_mean: float
     num_steps: int
+    ttft_overhead_s: tuple[float, float] = (0.0, 0.0)
+
+
+class RobustLine:
+    """y = a + c·x fitted by weighted least squares with Huber weights (a step whose batch emptied
+    for a while, or a burst's transient, does not drag the line), over recent points whose weights
+    decay by age. The prior's pseudo-points do not decay: a slope the data never tested stays at
+    the prior instead of drifting on noise, and any spread in the data outweighs them."""
+
+    def __init__(self, forget: float, max_points: int = 720):
+        self.forget = forget
+        self.points: deque = deque(maxlen=max_points)
+        self.prior = np.zeros(5)   # sums of w, wx, wy, wxx, wxy of the pseudo-points
+        self._cache = None
+
+    def set_prior(self, xs, a: float, c: float, weight: float) -> None:
+        self.prior = np.zeros(5)
+        for x in xs:
+            y = a + c * x
+            self.prior += (weight / len(xs)) * np.array([1.0, x, y, x * x, x * y])
+        self._cache = None
+
+    @property
+    def has_prior(self) -> bool:
+        return bool(self.prior[0])
+
+    def add(self, x: float, y: float, w: float, step: int) -> None:
+        self.points.append((float(x), float(y), float(w), step))
+        self._cache = None
+
+    def fit(self, now_step: int, floor_a: float = 0.0):
+        """(a, c, se_a, se_c), or None with neither data nor prior."""
+        if self._cache is not None and self._cache[0] == now_step:
+            return self._cache[1]
+        if not self.points and not self.has_prior:
+            return None
+        if self.points:
+            pts = np.array(self.points)
+            x, y = pts[:, 0], pts[:, 1]
+            w = pts[:, 2] * self.forget ** (now_step - pts[:, 3])
+        else:
+            x = y = w = np.zeros(0)
+        pw, px, py, pxx, pxy = self.prior
+        robust = np.ones(len(x))
+        for _ in range(3):
+            ww = w * robust
+            sw, sx, sy = pw + ww.sum(), px + (ww * x).sum(), py + (ww * y).sum()
+            sxx, sxy = pxx + (ww * x * x).sum(), pxy + (ww * x * y).sum()
+            if sw <= 0:
+                return None
+            mx, my = sx / sw, sy / sw
+            sxx_c = sxx - sw * mx * mx
+            c = max(0.0, (sxy - sw * mx * my) / sxx_c) if sxx_c > 1e-12 * max(1.0, sxx) else 0.0
+            a = max(floor_a, my - c * mx)
+            if len(x) < 4:
+                break
+            resid = y - (a + c * x)
+            scale = 1.4826 * float(np.median(np.abs(resid - np.median(resid)))) + 1e-12
+            robust = np.minimum(1.0, 1.5 * scale / np.maximum(np.abs(resid), 1e-15))
+        ww = w * robust
+        dof = max(float(ww.sum()) - 2.0, 1.0)
+        s2 = float((ww * (y - (a + c * x)) ** 2).sum()) / dof if len(x) else (0.1 * max(a, 1e-9)) ** 2
+        identified = sxx_c > 1e-12 * max(1.0, sxx)
+        se_c = math.sqrt(s2 / sxx_c) if identified else c
+        se_a = math.sqrt(s2 * (1.0 / sw + (mx * mx / sxx_c if identified else 0.0)))
+        result = (a, c, se_a, se_c)
+        self._cache = (now_step, result)
+        return result
 
 
 class OnlineServiceModel:
     def __init__(self, prior: ServiceModel | None = None, half_life_steps: float = 120.0,
                  min_steps: int = 3, step_token_budget: int = 512, max_batch: int = 256,
-                 prior_weight: float = 2.0):
+                 prior_weight: float = 2.0, max_points: int = 720):
         self.prior = prior
         self.forget = 0.5 ** (1.0 / max(1.0, half_life_steps))
         self.min_steps = min_steps
         self.step_token_budget = prior.step_token_budget if prior else step_token_budget
         self.max_batch = prior.max_batch if prior else max_batch
         self.prior_weight = prior_weight
-        # Weighted least squares state for y = a + c x: sums of w, wx, wy, wxx, wxy, wyy.
-        self._s = np.zeros(6)
+        # Decode: step time against the batch, a robust line.
+        self._decode = RobustLine(self.forget, max_points)
         self._seeded = False
-        # Prefill rate and KV capacity: exponentially weighted mean and variance of log estimates.
-        self._pf = [0.0, 0.0, 0.0]   # sum w, sum w·log, sum w·log²
+        # Prefill (seconds a prompt token occupies the prefill queue), the fixed TTFT overhead and
+        # KV capacity: exponentially weighted mean and variance (of logs, for the first and last).
+        self._pf = [0.0, 0.0, 0.0]   # sum w, sum w·log k, sum w·log² k
+        self._overhead = [0.0, 0.0, 0.0]
         self._kv = [0.0, 0.0, 0.0]
         self._mix = [0.0, 0.0, 0.0]  # sum w (requests), prompt tokens, output tokens
         self.num_steps = 0
@@ -88,15 +170,22 @@ class OnlineServiceModel:
     # -- inputs ---------------------------------------------------------------------------
     def _seed(self, m: ServiceModel) -> None:
         w = self.prior_weight
-        for x in (1.0, 16.0):  # two pseudo-points on the prior's line pin both coefficients
-            self._add_decode(x, m.step_s(x), w / 2)
-        self._add_log(self._pf, m.prefill_tokens_per_s, w)
+        self._decode.set_prior((1.0, 4.0), m.decode_base_s, m.decode_per_seq_s, w)
+        self._add_log(self._pf, 1.0 / m.prefill_tokens_per_s + m.step_s(1.0) / m.step_token_budget, w)
         if math.isfinite(m.kv_capacity_tokens) and m.kv_capacity_tokens < 1e15:
             self._add_log(self._kv, m.kv_capacity_tokens, w)
         self._seeded = True
 
     def _add_decode(self, x: float, y: float, w: float) -> None:
-        self._s += w * np.array([1.0, x, y, x * x, x * y, y * y])
+        if not self._decode.has_prior:
+            # No prior given: a weak one from the first step seen, with the conservative end of
+            # measured engines' slopes (a step grows 1/8 of its base per sequence: SmolLM2 on CPU;
+            # a 70B model on H100 grows 1/70), so capacity is under- rather than overstated until
+            # the batch has varied enough to show the real slope. Pseudo-points at batch 1 and 4:
+            # close together, so little leverage on the slope once batches vary.
+            base = y / (1.0 + x / 8.0)
+            self._decode.set_prior((1.0, 4.0), base, base / 8.0, self.prior_weight)
+        self._decode.add(x, y, w, self.num_steps)
 
     @staticmethod
     def _add_log(acc: list, value: float, w: float) -> None:
@@ -107,8 +196,7 @@ class OnlineServiceModel:
 
     def _decay(self) -> None:
         f = self.forget
-        self._s *= f
-        for acc in (self._pf, self._kv, self._mix):
+        for acc in (self._pf, self._overhead, self._kv, self._mix):
             for i in range(3):
                 acc[i] *= f
 
@@ -124,35 +212,69 @@ class OnlineServiceModel:
         p_mean, o_mean = self.mix_means()
         lam_r = max(0.0, o.arrival_rps) / r
         batch = max(0.0, o.running) / r
-        a, c = self._decode_coeffs()
-        step_guess = a + c * max(batch, 1.0) if a is not None else None
-        # Prefill: engine-reported prefill time when available, else TTFT less the queue wait.
-        prefill_s = None
-        if o.prefill_count and o.prefill_sum is not None and o.prefill_count > 0:
-            prefill_s = o.prefill_sum / o.prefill_count
-        elif o.ttft_count and o.ttft_sum is not None and o.ttft_count > 0:
-            wait = (max(0.0, o.waiting) / r) / lam_r if lam_r > 0 else 0.0
-            prefill_s = o.ttft_sum / o.ttft_count - wait - 0.5 * (step_guess or 0.0)
-        if prefill_s is not None and p_mean > 0:
-            chunks = math.ceil(p_mean / self.step_token_budget)
-            pure = prefill_s - chunks * (step_guess or 0.0)
-            if pure > 1e-6:
-                # Down-weight steps with a queue: Little's law over 15 s is noisy there.
-                w = float(o.ttft_count or o.prefill_count or 1.0) / (1.0 + max(0.0, o.waiting) / r)
-                self._add_log(self._pf, p_mean / pure, w)
-        # Decode: TPOT net of the time prompts took from it.
-        if o.tpot_count and o.tpot_sum is not None and o.tpot_count > 0:
+        # Decode first: TPOT net of the time prompts took from it (at the prefill rate known so far),
+        # unless the engines' iteration counters are usable this step (below): that is the sharper
+        # measurement, since a step's TPOT averages requests that lived through several batches.
+        # Iterations are used only from steps that start and end with two or more sequences a
+        # replica, so that the batch is unlikely to have emptied in between (idle time would read
+        # as a slower step).
+        iterations = bool(o.engine_steps and o.generated_tokens and o.engine_steps > 0
+                          and min(o.running_start, o.running) >= 2 * r)
+        if not iterations and o.tpot_count and o.tpot_sum is not None and o.tpot_count > 0:
             tpot = o.tpot_sum / o.tpot_count
             pf_rate = self.prefill_rate()
             rho_p = min(0.9, lam_r * p_mean / pf_rate) if pf_rate else 0.0
             y = tpot * (1.0 - rho_p)
             if y > 0 and math.isfinite(y):
                 self._add_decode(max(batch, 1.0), y, float(o.tpot_count))
+        # The engines' own counters say the step time at the batch this very step ran: iterations
+        # and generated tokens give the mean batch per iteration (B̄ = tokens / iterations) and,
+        # while the batch never empties, the mean iteration time (replica-seconds / iterations,
+        # net of prompt compute), without waiting for requests to end as TPOT does.
+        if iterations:
+            mean_batch = o.generated_tokens / o.engine_steps
+            pf_rate = self.prefill_rate()
+            prompt_s = (o.input_tokens / pf_rate) if pf_rate else 0.0
+            y = (o.dt * r - prompt_s) / o.engine_steps
+            if math.isfinite(y) and y > 0 and mean_batch >= 1.0:
+                self._add_decode(mean_batch, y, max(1.0, float(o.tpot_count or o.ended)))
+        a, c = self._decode_coeffs()
+        step = a + c * max(batch, 1.0) if a is not None else 0.0
+        # Prefill: the seconds a prompt token occupies the prefill queue (its compute plus its
+        # share of its chunks' steps). Where the engines time their requests' phases (vLLM's
+        # request_queue_time / request_prefill_time, normalised by the sidecar), from the prefill
+        # time itself, and what TTFT holds beyond queue + prefill is the fixed overhead
+        # (tokenisation, the network, the proxy); else by inverting the model's own M/G/1 prefill
+        # queue at the observed arrival rate on the mean TTFT, net of the overhead known so far.
+        k = None
+        ttft_mean = o.ttft_sum / o.ttft_count if (o.ttft_count and o.ttft_sum is not None) else None
+        if o.prefill_count and o.prefill_sum is not None and o.prefill_count > 0 and p_mean > 0:
+            prefill_mean = o.prefill_sum / o.prefill_count
+            k = prefill_mean / p_mean
+            if ttft_mean is not None and o.queue_count and o.queue_sum is not None:
+                extra = ttft_mean - o.queue_sum / o.queue_count - prefill_mean
+                self._add_lin(self._overhead, max(0.0, extra), float(o.ttft_count))
+        elif ttft_mean is not None and p_mean > 0:
+            k = _service_per_token(ttft_mean - self.ttft_overhead_s(), lam_r, p_mean, self._prompt_m2(p_mean))
+        if k is not None and k > 0:
+            # Down-weight steps with a queue: those are transients more than steady state.
+            w = float(o.ttft_count or o.prefill_count or 1.0) / (1.0 + max(0.0, o.waiting) / r)
+            self._add_log(self._pf, k, w)
         if math.isfinite(o.kv_usage) and o.kv_usage >= 0.05 and batch > 0:
             self._add_log(self._kv, batch * (p_mean + o_mean / 2.0) / o.kv_usage, 1.0)
         self.num_steps += 1
 
     # -- estimates ------------------------------------------------------------------------
+    @staticmethod
+    def _add_lin(acc: list, value: float, w: float) -> None:
+        acc[0] += w
+        acc[1] += w * value
+        acc[2] += w * value * value
+
+    def _prompt_m2(self, p_mean: float) -> float:
+        """E[P²] of the assumed prompt distribution (TokenMix.from_means: exponential, 2·mean²)."""
+        return 2.0 * p_mean * p_mean
+
     def mix_means(self) -> tuple[float, float]:
         n, p, o = self._mix
         if n <= 0:
@@ -160,31 +282,14 @@ class OnlineServiceModel:
         return p / n, max(1.0, o / n)
 
     def _decode_coeffs(self) -> tuple[float | None, float]:
-        w, sx, sy, sxx, sxy, _ = self._s
-        if w <= 0:
-            return None, 0.0
-        mx, my = sx / w, sy / w
-        var = sxx / w - mx * mx
-        if var > 1e-9:
-            c = max(0.0, (sxy / w - mx * my) / var)
-        else:
-            # One batch size seen so far: a weak prior slope (a step doubles by batch 32; measured
-            # engines lie between 1/8 (SmolLM2 on CPU) and 1/70 (70B on H100) of the base per sequence).
-            c = 0.0 if self._seeded else (my / 33.0)
-        a = max(1e-4, my - c * mx)
-        return a, c
+        fit = self._decode.fit(self.num_steps, floor_a=1e-4)
+        return (None, 0.0) if fit is None else (fit[0], fit[1])
 
     def _decode_band(self) -> tuple[tuple[float, float], tuple[float, float]]:
-        w, sx, sy, sxx, sxy, syy = self._s
-        a, c = self._decode_coeffs()
-        if a is None or w <= 0:
+        fit = self._decode.fit(self.num_steps, floor_a=1e-4)
+        if fit is None:
             return (math.nan, math.nan), (math.nan, math.nan)
-        mx = sx / w
-        sxx_c = sxx - w * mx * mx
-        resid = max(0.0, syy - 2 * a * sy - 2 * c * sxy + a * a * w + 2 * a * c * sx + c * c * sxx)
-        s2 = resid / max(w - 2.0, 1.0)
-        se_c = math.sqrt(s2 / sxx_c) if sxx_c > 1e-9 else c
-        se_a = math.sqrt(s2 * (1.0 / w + (mx * mx / sxx_c if sxx_c > 1e-9 else 0.0)))
+        a, c, se_a, se_c = fit
         return ((max(1e-4, a - _Z90 * se_a), a + _Z90 * se_a), (max(0.0, c - _Z90 * se_c), c + _Z90 * se_c))
 
     @staticmethod
@@ -196,13 +301,35 @@ class OnlineServiceModel:
         sd = math.sqrt(max(0.0, ss / w - m * m))
         return m, sd
 
+    def _per_token_k(self) -> tuple[float | None, float]:
+        """(k, sd of log k): seconds a prompt token occupies the prefill queue."""
+        m, sd = self._log_mean(self._pf)
+        return (math.exp(m), sd) if m is not None else (None, 0.0)
+
+    def _per_chunk_s(self) -> float:
+        a, c = self._decode_coeffs()
+        if a is None:
+            return 0.0
+        batch = 1.0
+        return (a + c * batch) / self.step_token_budget
+
+    def _rate_from_k(self, k: float) -> float:
+        # Net of the decode part of the chunks' steps (pro rata, as service_model.predict counts
+        # them); where that is lost in the noise (prefill far faster than a step), a tenth of it.
+        per_chunk = self._per_chunk_s()
+        return 1.0 / max(k - per_chunk, 0.1 * per_chunk, 1e-9)
+
     def prefill_rate(self) -> float | None:
-        m, _ = self._log_mean(self._pf)
-        return math.exp(m) if m is not None else None
+        k, _ = self._per_token_k()
+        return self._rate_from_k(k) if k else None
+
+    def ttft_overhead_s(self) -> float:
+        w, s, _ = self._overhead
+        return s / w if w > 0 else 0.0
 
     @property
     def ready(self) -> bool:
-        return self._seeded or (self.num_steps >= self.min_steps and self.prefill_rate() is not None
+        return self._seeded or (self.num_steps >= self.min_steps and self._per_token_k()[0] is not None
                                 and self._decode_coeffs()[0] is not None)
 
     def model(self) -> ServiceModel | None:
@@ -214,6 +341,7 @@ class OnlineServiceModel:
         kv = math.exp(kv_m) if kv_m is not None else (self.prior.kv_capacity_tokens if self.prior else 1e12)
         return ServiceModel(prefill_tokens_per_s=pf, decode_base_s=a, decode_per_seq_s=c, kv_capacity_tokens=kv,
                             max_batch=self.max_batch, step_token_budget=self.step_token_budget,
+                            ttft_overhead_s=self.ttft_overhead_s(),
                             name="learned", source=f"learned online over {self.num_steps} steps")
 
     def mix(self) -> TokenMix | None:
@@ -227,13 +355,40 @@ class OnlineServiceModel:
         if m is None:
             return None
         (a_lo, a_hi), (c_lo, c_hi) = self._decode_band()
-        pf_m, pf_sd = self._log_mean(self._pf)
+        k, k_sd = self._per_token_k()
+        pf_band = (self._rate_from_k(k * math.exp(_Z90 * k_sd)), self._rate_from_k(k * math.exp(-_Z90 * k_sd)))
+        w, s1, s2 = self._overhead
+        o_mean = s1 / w if w > 0 else 0.0
+        o_sd = math.sqrt(max(0.0, s2 / w - o_mean * o_mean)) if w > 0 else 0.0
         kv_m, kv_sd = self._log_mean(self._kv)
         kv_band = (math.exp(kv_m - _Z90 * kv_sd), math.exp(kv_m + _Z90 * kv_sd)) if kv_m is not None else (math.nan, math.nan)
         p, o = self.mix_means()
         return FittedParams(m, (a_lo, a_hi), (c_lo, c_hi),
-                            (math.exp(pf_m - _Z90 * pf_sd), math.exp(pf_m + _Z90 * pf_sd)), kv_band, p, o,
-                            self.num_steps)
+                            pf_band, kv_band, p, o, self.num_steps, (max(0.0, o_mean - _Z90 * o_sd), o_mean + _Z90 * o_sd))
+
+
+def _service_per_token(ttft_mean: float, lam: float, m1: float, m2: float) -> float | None:
+    """Invert the model's prefill queue: the per-token service time k at which an M/G/1 queue of
+    prompts (service P·k, Poisson arrivals at `lam`) has mean TTFT = W + E[S] = `ttft_mean`.
+    TTFT(k) = lam·m2·k² / (2(1 − lam·m1·k)) + m1·k, increasing in k, so the root of
+    (lam·m2 − 2·lam·m1²)·k² + 2·m1·(1 + lam·T)·k − 2T = 0 in (0, 1 / (lam·m1))."""
+    if not (ttft_mean > 0 and m1 > 0):
+        return None
+    a = lam * m2 - 2.0 * lam * m1 * m1
+    b = 2.0 * m1 * (1.0 + lam * ttft_mean)
+    c = -2.0 * ttft_mean
+    if abs(a) < 1e-15:
+        k = -c / b
+    else:
+        disc = b * b - 4 * a * c
+        if disc < 0:
+            return None
+        k = (-b + math.sqrt(disc)) / (2 * a)
+        if k <= 0:
+            k = (-b - math.sqrt(disc)) / (2 * a)
+    if lam > 0:
+        k = min(k, 0.999 / (lam * m1))
+    return k if k > 0 else None
 
 
 def model_from_bench(bench: dict, step_token_budget: int = 512, max_batch: int = 256,

@@ -19,10 +19,12 @@ a fluid approximation for decode plus an M/G/1 queue for prefill:
   its context. Stable only while the denominator is positive, B <= max_batch and B·(P̄ + Ō/2)
   fits the KV cache.
 - Prefill is FIFO; a prompt of P tokens occupies the prefill "server" for
-  S(P) = P / rate_p + ceil(P / C)·step(B) (its chunks ride on decode steps). Waiting time is
+  S(P) = P / rate_p + (P / C)·step(B) (its chunks ride on decode steps; counted pro rata, as the
+  simulator's fleet does: an engine's whole-step granularity, about half a step of wait and the
+  rest of a partial chunk's step, is absorbed into the learned prefill rate). Waiting time is
   M/G/1 (Pollaczek-Khinchine mean, an exponential tail behind the busy probability ρ_q).
 - Quantiles come from a fixed set of sampled requests (common random numbers, so predictions at
-  neighbouring loads are monotone): TTFT_i = W_i + S(P_i) + step(B)/2, and TPOT_i = step(B) plus
+  neighbouring loads are monotone): TTFT_i = overhead + W_i + S(P_i), and TPOT_i = step(B) plus
   the prompt work processed during its own decode, spread over its O_i − 1 tokens: the prompts
   that queued behind it (Poisson arrivals over W_i + S_i, so a request that waited decodes
   through the rest of its busy period) and those arriving while it decodes, at most a chunk a
@@ -144,6 +146,9 @@ class ServiceModel:
     # Prompt tokens one engine step may carry (vLLM's max_num_batched_tokens).
     step_token_budget: int
     decode_per_ctx_token_s: float = 0.0
+    # What every request's TTFT includes whatever its prompt: scheduling to the next step,
+    # tokenisation, the network. 0 for the simulator's fleet (it has none).
+    ttft_overhead_s: float = 0.0
     name: str = "model"
     source: str = ""
 
@@ -151,7 +156,7 @@ class ServiceModel:
         for f in ("prefill_tokens_per_s", "decode_base_s", "kv_capacity_tokens", "max_batch", "step_token_budget"):
             if not getattr(self, f) > 0:
                 raise ValueError(f"service model {self.name!r}: {f} must be positive, got {getattr(self, f)}")
-        for f in ("decode_per_seq_s", "decode_per_ctx_token_s"):
+        for f in ("decode_per_seq_s", "decode_per_ctx_token_s", "ttft_overhead_s"):
             if getattr(self, f) < 0:
                 raise ValueError(f"service model {self.name!r}: {f} must be >= 0, got {getattr(self, f)}")
 
@@ -186,7 +191,7 @@ class ServiceModel:
         step = self.decode_base_s + per_seq * b_eff
         # Prefill as an M/G/1 queue: service = prompt time plus the decode part of each chunk's step.
         chunk = float(self.step_token_budget)
-        service = p / self.prefill_tokens_per_s + np.ceil(p / chunk) * step
+        service = p / self.prefill_tokens_per_s + (p / chunk) * step
         rho_q = lam * float(np.mean(service))
         if rho_q >= 1.0:
             return Prediction(lam, False, batch, step, 1.0, nan, nan, o)
@@ -196,7 +201,7 @@ class ServiceModel:
         busy = u < rho_q
         # Conditional on waiting at all, an exponential with the mean that keeps E[W] = w_mean.
         wait = np.where(busy, -np.log(np.maximum(1e-12, rng.random(len(p)))) * (w_mean / max(rho_q, 1e-12)), 0.0)
-        ttft = wait + service + step / 2.0
+        ttft = self.ttft_overhead_s + wait + service
         # TPOT: its own steps plus the prompt work processed while it decodes. That work is what
         # queued behind it while it waited and prefilled (arrivals during W_i + S_i: a request that
         # waited long decodes through the rest of that busy period) plus what arrives during its
@@ -221,10 +226,13 @@ class ServiceModel:
             pred = self.predict(rate, mix)
             return pred.stable and all(pred.good_share(s) >= s.ratio for s in slos)
 
-        # Upper end: the rate that saturates prefill or decode, whichever comes first.
+        # Upper end: the fluid saturation rate, where prompt time plus per-sequence decode time
+        # fill the replica (the denominator of predict()'s batch reaches 0).
         if hi is None:
-            work = float(np.mean(self.request_work_s(mix.prompt_tokens, mix.output_tokens, 1.0)))
-            hi = 2.0 / max(work, 1e-9) + 1.0
+            ctx = mix.prompt_mean + mix.output_mean / 2.0
+            per_seq = self.decode_per_seq_s + self.decode_per_ctx_token_s * ctx
+            busy = mix.prompt_mean / self.prefill_tokens_per_s + mix.output_mean * per_seq
+            hi = 1.0 / max(busy, 1e-9)
         if not meets(1e-6):
             return 0.0
         lo = 0.0

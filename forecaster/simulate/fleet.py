@@ -69,6 +69,10 @@ class FleetView:
     ttft_sum: float = 0.0
     tpot_sum: float = 0.0
     tpot_count: float = 0.0
+    engine_steps_total: float = 0.0   # decode iterations, summed over replicas
+    queue_sum: float = 0.0            # engine queue and prefill time of requests past their first token
+    prefill_sum: float = 0.0
+    prefill_count: float = 0.0
 
     @property
     def in_flight(self) -> float:
@@ -99,6 +103,8 @@ class RequestFleet:
         self._left = list(self._prompt)
         self._dec = [0.0] * n
         self._t_first = [math.nan] * n
+        self._t_routed = [math.nan] * n
+        self._t_sched = [math.nan] * n
         self._t_done = [math.nan] * n
         self._good = [False] * n
         self._dropped = [False] * n
@@ -116,6 +122,10 @@ class RequestFleet:
         self._finished_total = 0
         self._dropped_total = 0
         self._ttft_sum = 0.0
+        self._queue_sum = 0.0      # routed -> first chunk scheduled (vLLM's request_queue_time)
+        self._prefill_sum = 0.0    # first chunk scheduled -> first token (request_prefill_time)
+        self._prefill_count = 0
+        self._steps_total = 0.0
         self._tpot_sum = 0.0
         self._tpot_count = 0
         for _ in range(initial_replicas):
@@ -179,7 +189,9 @@ class RequestFleet:
         load = np.array([r.outstanding for r in targets])
         while self.router_queue:
             k = int(np.argmin(load))
-            targets[k].waiting.append(self.router_queue.popleft())
+            i = self.router_queue.popleft()
+            targets[k].waiting.append(i)
+            self._t_routed[i] = now
             load[k] += 1
 
     def _serve(self, r: Replica, now: float, dt: float) -> float:
@@ -200,6 +212,8 @@ class RequestFleet:
                 break
             r.waiting.popleft()
             running.append(i)
+            self._t_sched[i] = now
+            self._queue_sum += now - self._t_routed[i]
             r.kv_reserved += need
             backlog += left[i]
         rate_eff = budget / s_mix
@@ -217,6 +231,8 @@ class RequestFleet:
                 cum += li
                 first_at = cum / rate_eff
                 self._t_first[i] = now + first_at
+                self._prefill_sum += now + first_at - self._t_sched[i]
+                self._prefill_count += 1
                 dec[i] = 1.0
                 left[i] = 0.0
                 self._output_total += 1.0
@@ -249,6 +265,8 @@ class RequestFleet:
                 self._output_total += gained
                 still_running = True
         busy = dt if still_running else max(t_prefill, last_off)
+        # Engine iterations (what vllm:iteration_tokens_total counts): mixed steps, then pure ones.
+        self._steps_total += n_mix + max(0.0, busy - t_prefill) / s_pure
         if finished:
             slo = p.slo
             for i in finished:
@@ -320,6 +338,8 @@ class RequestFleet:
             finished_total=float(self._finished_total),
             dropped_total=float(self._dropped_total),
             ttft_sum=self._ttft_sum, tpot_sum=self._tpot_sum, tpot_count=float(self._tpot_count),
+            engine_steps_total=self._steps_total, queue_sum=self._queue_sum, prefill_sum=self._prefill_sum,
+            prefill_count=float(self._prefill_count),
         )
 
     @property

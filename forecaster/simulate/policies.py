@@ -197,7 +197,10 @@ class Goodput(Policy):
             queue_waiting=view.waiting, running=view.running, kv_cache_usage=view.kv_usage,
             preemptions_total=0.0, ready_replicas=view.ready, good_total=view.good_total,
             ended_total=view.finished_total, ttft_sum_total=view.ttft_sum, ttft_count_total=view.finished_total,
-            tpot_sum_total=view.tpot_sum, tpot_count_total=view.tpot_count, slos=self.slos))
+            tpot_sum_total=view.tpot_sum, tpot_count_total=view.tpot_count,
+            generation_tokens_total=view.output_tokens_total, engine_steps_total=view.engine_steps_total,
+            prefill_sum_total=view.prefill_sum, prefill_count_total=view.prefill_count, queue_sum_total=view.queue_sum,
+            queue_count_total=view.prefill_count, slos=self.slos))
         decision = self.forecaster.decide(view.t, starting_replicas=view.starting)
         self.decisions.append((view.t, decision))
         return decision.desired_replicas

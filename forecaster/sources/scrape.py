@@ -37,6 +37,10 @@ COUNTERS = {
     "tpot_count": ("goodput_tpot_seconds_count", None),
     "prefill_sum": ("goodput_engine_prefill_time_seconds_sum", None),
     "prefill_count": ("goodput_engine_prefill_time_seconds_count", None),
+    "queue_sum": ("goodput_engine_queue_time_seconds_sum", None),
+    "queue_count": ("goodput_engine_queue_time_seconds_count", None),
+    "generation_tokens": ("goodput_engine_generation_tokens_total", None),
+    "engine_steps": ("goodput_engine_steps_total", None),
 }
 GAUGES = {
     "in_flight": "goodput_requests_in_flight",
@@ -168,6 +172,10 @@ class ScrapeSource:
                            tpot_sum_total=self._totals["tpot_sum"], tpot_count_total=self._totals["tpot_count"],
                            prefill_sum_total=self._totals["prefill_sum"] if self._totals["prefill_count"] else None,
                            prefill_count_total=self._totals["prefill_count"] if self._totals["prefill_count"] else None,
+                           queue_sum_total=self._totals["queue_sum"] if self._totals["queue_count"] else None,
+                           queue_count_total=self._totals["queue_count"] if self._totals["queue_count"] else None,
+                           generation_tokens_total=self._totals["generation_tokens"] or None,
+                           engine_steps_total=self._totals["engine_steps"] or None,
                            slos=self.slos or None)
 
     def starting_replicas(self) -> int:
