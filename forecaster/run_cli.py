@@ -100,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
     logging.info("metrics on http://%s:%d/metrics", args.host, args.metrics_port)
     if ssl_ctx is not None:
         servers.append(start_server(api_routes(ExternalMetricsAPI(state)), args.host, args.api_port, ssl_ctx))
-        logging.info("External Metrics API on https://%s:%d/apis/external.metrics.k8s.io/v1beta1", args.host, args.api_port)
+        logging.info("External Metrics API on https://%s:%d/apis/external.metrics.k8s.io/v1beta1, KEDA metrics-api on "
+                     "https://%s:%d/keda/v1/scaler", args.host, args.api_port, args.host, args.api_port)
     runner = Runner(source, policy, state, config.step_seconds)
     runner.warm_up(args.warmup_seconds)
     stop = threading.Event()
@@ -149,7 +150,7 @@ def add_run_command(registry) -> None:
     out = p.add_argument_group("serving")
     out.add_argument("--host", default="0.0.0.0")
     out.add_argument("--metrics-port", type=int, default=9090, help="plain HTTP /metrics (default 9090)")
-    out.add_argument("--api-port", type=int, default=8443, help="HTTPS External Metrics API (default 8443; 0 = off)")
+    out.add_argument("--api-port", type=int, default=8443, help="HTTPS External Metrics API and KEDA metrics-api /keda/v1/scaler (default 8443; 0 = off)")
     out.add_argument("--tls-cert-file", default=None)
     out.add_argument("--tls-private-key-file", default=None)
     out.add_argument("--self-signed", action="store_true", help="generate a self-signed certificate (development)")
