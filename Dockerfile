@@ -18,6 +18,7 @@ COPY engine ./engine
 COPY sidecar ./sidecar
 COPY forecaster ./forecaster
 COPY dashboards ./dashboards
+COPY tracefiles ./tracefiles
 RUN pip install . && python -c "import goodput_cli.main"
 
 # Non-root, matching the chart's runAsUser/runAsGroup 10001. The root filesystem is read-only in

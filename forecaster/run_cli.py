@@ -79,19 +79,26 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     ssl_ctx = None
-    if args.api_port:
+    cert = key = None
+    grpc_tls = bool(args.keda_grpc_port) and not args.keda_grpc_plaintext
+    if args.api_port or grpc_tls:
         if args.self_signed:
             cert, key = self_signed(args.tls_dir, hosts=tuple(args.tls_host or ("localhost", "127.0.0.1")))
             logging.info("self-signed certificate for development: %s (key %s)", cert, key)
         elif args.tls_cert_file and args.tls_private_key_file:
             cert, key = args.tls_cert_file, args.tls_private_key_file
-        else:
+        elif args.api_port:
             raise UsageError("the External Metrics API needs --tls-cert-file and --tls-private-key-file "
                              "(or --self-signed for development, or --api-port 0 to turn it off)")
+        else:
+            raise UsageError("the KEDA external scaler (--keda-grpc-port) serves TLS with --tls-cert-file and "
+                             "--tls-private-key-file (or --self-signed for development, or --keda-grpc-plaintext)")
         try:
             ssl_ctx = server_context(cert, key)
         except (ValueError, OSError) as exc:
             raise UsageError(str(exc)) from None
+        if not args.api_port:
+            ssl_ctx = None
     source = _source(args)
     state = ForecastState(config.horizon_seconds)
     registry = CollectorRegistry()
@@ -100,7 +107,19 @@ def run(args: argparse.Namespace) -> int:
     logging.info("metrics on http://%s:%d/metrics", args.host, args.metrics_port)
     if ssl_ctx is not None:
         servers.append(start_server(api_routes(ExternalMetricsAPI(state)), args.host, args.api_port, ssl_ctx))
-        logging.info("External Metrics API on https://%s:%d/apis/external.metrics.k8s.io/v1beta1", args.host, args.api_port)
+        logging.info("External Metrics API on https://%s:%d/apis/external.metrics.k8s.io/v1beta1, KEDA metrics-api on "
+                     "https://%s:%d/keda/v1/scaler", args.host, args.api_port, args.host, args.api_port)
+    grpc_server = None
+    if args.keda_grpc_port:
+        from forecaster.keda_grpc import start_grpc_server
+
+        try:
+            grpc_server, _ = start_grpc_server(state, args.host, args.keda_grpc_port,
+                                               *((str(cert), str(key)) if grpc_tls else (None, None)))
+        except (ValueError, RuntimeError) as exc:
+            raise UsageError(str(exc)) from None
+        logging.info("KEDA external scaler (gRPC%s) on %s:%d", " over TLS" if grpc_tls else ", plaintext",
+                     args.host, args.keda_grpc_port)
     runner = Runner(source, policy, state, config.step_seconds)
     runner.warm_up(args.warmup_seconds)
     stop = threading.Event()
@@ -112,6 +131,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for s in servers:
             s.shutdown()
+        if grpc_server is not None:
+            grpc_server.stop(grace=1)
         source.close()
         policy.close()
     return 0
@@ -149,7 +170,12 @@ def add_run_command(registry) -> None:
     out = p.add_argument_group("serving")
     out.add_argument("--host", default="0.0.0.0")
     out.add_argument("--metrics-port", type=int, default=9090, help="plain HTTP /metrics (default 9090)")
-    out.add_argument("--api-port", type=int, default=8443, help="HTTPS External Metrics API (default 8443; 0 = off)")
+    out.add_argument("--api-port", type=int, default=8443, help="HTTPS External Metrics API and KEDA metrics-api /keda/v1/scaler (default 8443; 0 = off)")
+    out.add_argument("--keda-grpc-port", type=int, default=0,
+                     help="KEDA external scaler (gRPC externalscaler.ExternalScaler) on this port, TLS with the "
+                          "API's certificate (default 0 = off)")
+    out.add_argument("--keda-grpc-plaintext", action="store_true",
+                     help="serve --keda-grpc-port without TLS (a trusted network only)")
     out.add_argument("--tls-cert-file", default=None)
     out.add_argument("--tls-private-key-file", default=None)
     out.add_argument("--self-signed", action="store_true", help="generate a self-signed certificate (development)")

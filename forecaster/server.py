@@ -8,6 +8,7 @@ unknown metric gets a 404 `Status` object like the API server's own.
 
 The metrics port (plain HTTP, default 9090) and the API port (HTTPS, default 8443) are separate:
 Prometheus scrapes the first without TLS, the API server's aggregation layer requires the second.
+The API port also answers KEDA's metrics-api scaler at /keda/v1/scaler (forecaster/keda.py).
 """
 
 from __future__ import annotations
@@ -274,9 +275,14 @@ def metrics_routes(registry):
 
 
 def api_routes(api: ExternalMetricsAPI):
+    from forecaster import keda
+
     def routes(path, query):
         if path in ("/healthz", "/readyz", "/livez"):
             return 200, "text/plain", b"ok"
+        if path == keda.PATH:
+            code, body = keda.scaler_document(api.state)
+            return code, "application/json", json.dumps(body).encode()
         code, body = api.get(path, query)
         return code, "application/json", json.dumps(body).encode()
 

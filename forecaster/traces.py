@@ -1,22 +1,20 @@
-"""Trace readers into interval series, standard library only (the simulator reuses the Azure reader).
+"""Traces as interval series for the backtests; the files are read by `tracefiles` (one reader
+per format, shared with the load generator and the simulator).
 
-- Azure LLM inference trace CSV: `TIMESTAMP,ContextTokens,GeneratedTokens`, one request a row,
-  wall-clock timestamps with 100 ns resolution (7 fractional digits, which `datetime` does not
-  parse, hence the hand-rolled parser).
-- ServeGen client folder: `chunk-<client>-trace.csv`, no header, one 10-minute window a row:
-  window start (s), rate (req/s), cv, distribution, shape, scale. The fleet is the sum of all
-  clients' rates per window.
+- Azure LLM inference trace CSV: one request a row, counted into per-interval rates.
+- ServeGen client folder: per-client 10-minute windows; the fleet is the sum of all clients'
+  rates per window.
 """
 
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
-SERVEGEN_WINDOW_SECONDS = 600.0
+import tracefiles
+
+SERVEGEN_WINDOW_SECONDS = tracefiles.SERVEGEN_WINDOW_S
 
 
 @dataclass
@@ -36,27 +34,9 @@ class IntervalSeries:
     output_token_rate: list[float] | None = None
 
 
-def _parse_timestamp(text: str) -> float:
-    """'2023-11-16 18:17:03.9799600' → POSIX seconds (UTC), keeping all fractional digits."""
-    text = text.strip()
-    main, _, frac = text.partition(".")
-    base = datetime.strptime(main, "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
-    return base + (float("0." + frac) if frac else 0.0)
-
-
 def read_azure(path: str | Path) -> list[TraceRequest]:
-    path = Path(path)
-    with path.open(newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if header is None or [h.strip() for h in header[:3]] != ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]:
-            raise ValueError(f"{path}: expected an Azure trace header TIMESTAMP,ContextTokens,GeneratedTokens, got {header}")
-        rows = [(_parse_timestamp(r[0]), int(r[1]), int(r[2])) for r in reader if r]
-    if not rows:
-        raise ValueError(f"{path}: no requests in the trace")
-    rows.sort(key=lambda r: r[0])
-    t0 = rows[0][0]
-    return [TraceRequest(t - t0, i, o) for t, i, o in rows]
+    """The Azure trace's requests, `t` in seconds from the first (reader: tracefiles.read_azure)."""
+    return [TraceRequest(r.arrival_s, r.input_tokens, r.output_tokens) for r in tracefiles.read_azure(path)]
 
 
 def azure_series(path: str | Path, step_seconds: float) -> IntervalSeries:
@@ -80,21 +60,14 @@ def azure_series(path: str | Path, step_seconds: float) -> IntervalSeries:
 def servegen_series(folder: str | Path, step_seconds: float = SERVEGEN_WINDOW_SECONDS) -> IntervalSeries:
     """All clients' rates summed per window; `step_seconds` a multiple of 600 averages windows."""
     folder = Path(folder)
-    files = sorted(folder.glob("chunk-*-trace.csv"))
-    if not files:
-        raise ValueError(f"{folder}: no chunk-<client>-trace.csv files; is this a ServeGen client folder?")
     factor = step_seconds / SERVEGEN_WINDOW_SECONDS
     if factor < 1 or abs(factor - round(factor)) > 1e-9:
         raise ValueError(f"ServeGen windows are {SERVEGEN_WINDOW_SECONDS:.0f} s; --resolution must be a multiple of it, got {step_seconds}")
     totals: dict[int, float] = {}
-    for file in files:
-        with file.open(newline="") as f:
-            for row in csv.reader(f):
-                if not row:
-                    continue
-                k = int(float(row[0]) // SERVEGEN_WINDOW_SECONDS)
-                rate = float(row[1]) if row[1] else 0.0
-                totals[k] = totals.get(k, 0.0) + rate
+    for client in tracefiles.read_servegen(folder):
+        for start, rate in zip(client.window_start_s, client.rate):
+            k = int(start // SERVEGEN_WINDOW_SECONDS)
+            totals[k] = totals.get(k, 0.0) + rate
     n = max(totals) + 1
     per_window = [totals.get(k, 0.0) for k in range(n)]
     f = int(round(factor))

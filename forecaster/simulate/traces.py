@@ -1,7 +1,10 @@
 """Traces the simulator replays: per-request (Azure CSV) and per-client rates (ServeGen folder).
 
-- Azure LLM inference CSV (TIMESTAMP, ContextTokens, GeneratedTokens): one row per request, parsed
-  by the forecaster's reader (forecaster/traces.py); here it becomes arrays, optionally scaled.
+The files are read by `tracefiles` (one reader per format, shared with the load generator and
+the backtests); this module turns the records into arrays and draws arrivals.
+
+- Azure LLM inference CSV (TIMESTAMP, ContextTokens, GeneratedTokens): one row per request;
+  here it becomes arrays, optionally scaled.
 - ServeGen client folder (chunk-<client>-trace.csv, no header: window start s, rate req/s, cv,
   distribution Gamma|Weibull, shape, scale): per client and 10-minute window, the rate and the
   fitted inter-arrival distribution. servegen_requests() draws the arrivals inside each window
@@ -19,7 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-SERVEGEN_WINDOW_S = 600.0
+import tracefiles
+
+SERVEGEN_WINDOW_S = tracefiles.SERVEGEN_WINDOW_S
 
 
 @dataclass(frozen=True)
@@ -45,18 +50,14 @@ class RequestTrace:
 
 
 def read_azure_csv(path: str | Path, rate_scale: float = 1.0, seed: int = 0) -> RequestTrace:
-    """Read an Azure trace with the forecaster's reader; `rate_scale` != 1 replays each request
-    that many times (see scale_requests)."""
-    from forecaster.traces import read_azure
-
+    """Read an Azure trace (tracefiles.read_azure; a bad file raises its TraceError, a
+    ValueError naming the file and line); `rate_scale` != 1 replays each request that many
+    times (see scale_requests)."""
     path = Path(path)
-    try:
-        requests = read_azure(path)
-    except (OSError, IndexError, ValueError) as exc:
-        raise ValueError(f"{path}: not an Azure LLM trace CSV with TIMESTAMP,ContextTokens,GeneratedTokens ({exc})") from exc
+    requests = tracefiles.read_azure(path)
     trace = RequestTrace(
         name=path.stem,
-        arrival_s=np.array([r.t for r in requests], dtype=float),
+        arrival_s=np.array([r.arrival_s for r in requests], dtype=float),
         prompt_tokens=np.array([r.input_tokens for r in requests], dtype=np.int64),
         output_tokens=np.maximum(1, np.array([r.output_tokens for r in requests], dtype=np.int64)),
     )
@@ -115,24 +116,19 @@ def servegen_requests(folder: str | Path, lengths: RequestTrace, start_s: float,
     docstring), with prompt/output lengths drawn (with replacement) from `lengths` (ServeGen's language files
     carry rates only, no lengths)."""
     folder = Path(folder)
-    files = sorted(folder.glob("chunk-*-trace.csv"), key=lambda p: int(p.stem.split("-")[1]))
-    if not files:
-        raise ValueError(f"{folder}: no chunk-<client>-trace.csv files; pass a ServeGen client folder")
+    clients = tracefiles.read_servegen(folder)
     if duration_s <= 0:
         raise ValueError(f"a ServeGen slice needs --duration > 0 seconds, got {duration_s}")
     rng = np.random.default_rng(seed)
     first = int(start_s // SERVEGEN_WINDOW_S)
     last = int(math.ceil((start_s + duration_s) / SERVEGEN_WINDOW_S))
     times: list[np.ndarray] = []
-    for path in files:
-        for line in path.read_text().splitlines():
-            row = line.split(",")
-            if len(row) < 6 or not row[3]:
-                continue
-            w = int(float(row[0]) // SERVEGEN_WINDOW_S)
-            rate = float(row[1]) * rate_scale
-            if first <= w < last and rate > 0:
-                t = _window_arrivals(rng, row[3], float(row[4]), rate, SERVEGEN_WINDOW_S)
+    for client in clients:
+        for start, rate, dist, shape in zip(client.window_start_s, client.rate, client.distribution, client.shape):
+            w = int(start // SERVEGEN_WINDOW_S)
+            rate *= rate_scale
+            if dist and first <= w < last and rate > 0:
+                t = _window_arrivals(rng, dist, shape, rate, SERVEGEN_WINDOW_S)
                 times.append(t + (w - first) * SERVEGEN_WINDOW_S)
     if not times:
         raise ValueError(f"{folder}: no arrivals between {start_s} s and {start_s + duration_s} s")

@@ -1,42 +1,22 @@
-"""Readers for real request traces, and the transforms a replay needs (window, speed-up, fit).
+"""Real request traces as a load run's `PlannedRequest`s, and the transforms a replay needs
+(window, speed-up, fit).
 
-Formats:
-- Azure LLM inference (Splitwise): CSV `TIMESTAMP,ContextTokens,GeneratedTokens`, wall-clock
-  timestamps with 100 ns resolution.
-- Mooncake (FAST'25): JSONL `timestamp` (ms), `input_length`, `output_length`, `hash_ids`
-  (512-token prefix blocks; equal ids are the same prefix content).
-- BurstGPT: CSV `Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type`,
-  timestamps in seconds; failed requests have 0 response tokens and are kept (they were sent).
+The files are read by `tracefiles` (one reader per format, shared with the backtests and the
+simulator): Azure LLM inference CSV, Mooncake JSONL (with its 512-token prefix `hash_ids`) and
+BurstGPT CSV.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 from dataclasses import dataclass, replace
-from datetime import datetime
 from pathlib import Path
 
+import tracefiles
 from sidecar.loadgen.workload import PlannedRequest
 
-MOONCAKE_BLOCK_TOKENS = 512
-
-
-class TraceError(ValueError):
-    """A trace file that cannot be read; the message names the file and line."""
-
-
-def detect_format(path: Path) -> str:
-    name = path.name.lower()
-    if name.endswith(".jsonl"):
-        return "mooncake"
-    with open(path, newline="") as fh:
-        header = fh.readline()
-    if "ContextTokens" in header:
-        return "azure"
-    if "Request tokens" in header:
-        return "burstgpt"
-    raise TraceError(f"{path}: unknown trace format (expected Azure CSV, Mooncake JSONL or BurstGPT CSV; header {header.strip()[:80]!r})")
+MOONCAKE_BLOCK_TOKENS = tracefiles.MOONCAKE_BLOCK_TOKENS
+# A ValueError whose message names the file and line; callers catch it to print a usage error.
+TraceError = tracefiles.TraceError
 
 
 def read_trace(path: str | Path, fmt: str | None = None) -> list[PlannedRequest]:
@@ -44,60 +24,8 @@ def read_trace(path: str | Path, fmt: str | None = None) -> list[PlannedRequest]
     path = Path(path)
     if not path.is_file():
         raise TraceError(f"{path}: no such trace file")
-    fmt = fmt or detect_format(path)
-    readers = {"azure": _read_azure, "mooncake": _read_mooncake, "burstgpt": _read_burstgpt}
-    if fmt not in readers:
-        raise TraceError(f"unknown trace format {fmt!r}; choose one of {sorted(readers)}")
-    requests = readers[fmt](path)
-    if not requests:
-        raise TraceError(f"{path}: the trace holds no requests")
-    requests.sort(key=lambda r: r.arrival)
-    t0 = requests[0].arrival
-    return [replace(r, arrival=r.arrival - t0) for r in requests]
-
-
-def _read_azure(path: Path) -> list[PlannedRequest]:
-    out = []
-    with open(path, newline="") as fh:
-        for lineno, row in enumerate(csv.DictReader(fh), start=2):
-            try:
-                # Seven fractional digits (100 ns) are more than datetime parses: keep microseconds.
-                stamp = row["TIMESTAMP"].strip()
-                if "." in stamp:
-                    head, frac = stamp.split(".", 1)
-                    stamp = f"{head}.{frac[:6]}"
-                t = datetime.fromisoformat(stamp).timestamp()
-                out.append(PlannedRequest(t, int(row["ContextTokens"]), int(row["GeneratedTokens"])))
-            except (KeyError, ValueError, TypeError) as exc:
-                raise TraceError(f"{path}:{lineno}: bad Azure row ({exc})") from None
-    return out
-
-
-def _read_mooncake(path: Path) -> list[PlannedRequest]:
-    out = []
-    with open(path) as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                out.append(PlannedRequest(rec["timestamp"] / 1000.0, int(rec["input_length"]),
-                                          int(rec["output_length"]), tuple(int(h) for h in rec.get("hash_ids", ()))))
-            except (KeyError, ValueError, TypeError) as exc:
-                raise TraceError(f"{path}:{lineno}: bad Mooncake record ({exc})") from None
-    return out
-
-
-def _read_burstgpt(path: Path) -> list[PlannedRequest]:
-    out = []
-    with open(path, newline="") as fh:
-        for lineno, row in enumerate(csv.DictReader(fh), start=2):
-            try:
-                out.append(PlannedRequest(float(row["Timestamp"]), max(1, int(float(row["Request tokens"]))),
-                                          max(1, int(float(row["Response tokens"])))))
-            except (KeyError, ValueError, TypeError) as exc:
-                raise TraceError(f"{path}:{lineno}: bad BurstGPT row ({exc})") from None
-    return out
+    return [PlannedRequest(r.arrival_s, r.input_tokens, r.output_tokens, r.hash_ids)
+            for r in tracefiles.read_requests(path, fmt)]
 
 
 @dataclass(frozen=True)

@@ -36,10 +36,13 @@ kube_horizontalpodautoscaler_spec_max_replicas{namespace="serving",horizontalpod
 """
 
 
-def prometheus_config(targets: dict[str, str], rules_file: str) -> str:
+def prometheus_config(targets: dict[str, str], rules_file: str, alertmanager: str | None = None) -> str:
+    alerting = {"alerting": {"alertmanagers": [{"api_version": "v2", "static_configs": [{"targets": [alertmanager]}]}]}} \
+        if alertmanager else {}
     return yaml.safe_dump({
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [rules_file],
+        **alerting,
         "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [target]}]}
                            for job, target in targets.items()],
     })

@@ -10,6 +10,10 @@ How "returns data" is judged, and why:
   and recording rule it needs is there. The full alert expression must still evaluate without
   error. One alert must really fire: the "strict" class (1 ms TTFT objective, never met) burns its
   budget at 100x, so GoodputErrorBudgetBurnPage fires for it and not for "interactive".
+- Where Debian's `prometheus-alertmanager` is installed, Prometheus sends its alerts to it, set up
+  with the chart's example route (helm/goodput/docs/alertmanager.md, 1-s waits): the strict page
+  reaches the in-test webhook receiver and the strict ticket (also firing) is inhibited by it.
+  tests/dashboards/test_alertmanager.py tests the route in detail without the engine.
 - kube-state-metrics cannot run without a Kubernetes API server; a static exposition of the two
   HPA series stands in for it (live_stack.KSM_TEXT). Forecaster queries are required only when
   `goodput forecaster run` is built.
@@ -33,10 +37,11 @@ import yaml
 from dashboards import contract, generate, rules
 from dashboards.preview import Prometheus, panel_queries
 from goodput_cli.main import build_parser
-from tests.dashboards import live_stack
+from tests.dashboards import alert_stack, live_stack
 from tests.support import REPO_ROOT, free_port, goodput_command
 
 PROMETHEUS = shutil.which("prometheus")
+ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 # Longer runs (for the README pictures) with GOODPUT_LIVE_LOAD_SECONDS=90.
 LOAD_SECONDS = float(os.environ.get("GOODPUT_LIVE_LOAD_SECONDS", "20"))
 RATE_INTERVAL = "10s"  # Grafana's $__rate_interval is ~4 scrape intervals; here the scrape is 1 s
@@ -78,8 +83,18 @@ def test_live_prometheus_evaluates_every_query_and_rule(start_server, tmp_path):
         targets["forecaster"] = f"127.0.0.1:{forecaster_port}"
     ksm = live_stack.StaticMetrics(live_stack.KSM_TEXT)
     targets["kube-state-metrics"] = ksm.address
+    receiver, alertmanager = alert_stack.WebhookReceiver(), None
+    if ALERTMANAGER:
+        am_port = free_port()
+        am_config = tmp_path / "alertmanager.yml"
+        am_config.write_text(yaml.safe_dump(alert_stack.fast_config(receiver.url)))
+        start_server([ALERTMANAGER, f"--config.file={am_config}", f"--storage.path={tmp_path / 'am'}",
+                      f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address="],
+                     f"http://127.0.0.1:{am_port}/-/ready", timeout=60, name="alertmanager")
+        alertmanager = f"127.0.0.1:{am_port}"
     config = tmp_path / "prometheus.yml"
-    config.write_text(live_stack.prometheus_config(targets, str(generate.GENERATED / "rules" / generate.RULES_FILES["prometheus"])))
+    config.write_text(live_stack.prometheus_config(targets, str(generate.GENERATED / "rules" / generate.RULES_FILES["prometheus"]),
+                                                   alertmanager))
     start_server([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                   f"--web.listen-address=127.0.0.1:{prom_port}"],
                  f"http://127.0.0.1:{prom_port}/-/ready", timeout=60, name="prometheus")
@@ -126,6 +141,21 @@ def test_live_prometheus_evaluates_every_query_and_rule(start_server, tmp_path):
         quiet = prom.query('ALERTS{alertname=~"GoodputEngineScrapeDown|GoodputDrainTooLong|GoodputNoTraffic"}')
         assert quiet == []
 
+        if alertmanager:
+            # The page went through Alertmanager to the pager receiver, for strict alone, with its
+            # runbook; strict's ticket fires too (100x is above 3x) but is held back by the page.
+            deadline = time.monotonic() + 20
+            while not receiver.notifications("goodput-page") and time.monotonic() < deadline:
+                time.sleep(0.25)
+            (page,) = receiver.notifications("goodput-page")
+            assert page["groupLabels"] == {"alertname": "GoodputErrorBudgetBurnPage", "slo_class": "strict"}
+            assert page["alerts"][0]["annotations"]["runbook_url"] == "README.md#runbook-goodputerrorbudgetburnpage"
+            held = {(a["labels"]["alertname"], a["labels"].get("slo_class")): a["status"]
+                    for a in json.loads(urllib.request.urlopen(f"http://{alertmanager}/api/v2/alerts", timeout=10).read())}
+            assert held[("GoodputErrorBudgetBurnTicket", "strict")]["state"] == "suppressed"
+            assert not any(a["labels"].get("slo_class") == "strict" for n in receiver.notifications("goodput-ticket")
+                           for a in n["alerts"])
+
         # The preview renders from the same Prometheus; GOODPUT_PREVIEW_OUT=docs/dashboards refreshes
         # the README's pictures.
         out = REPO_ROOT / os.environ["GOODPUT_PREVIEW_OUT"] if os.environ.get("GOODPUT_PREVIEW_OUT") else tmp_path / "png"
@@ -139,3 +169,4 @@ def test_live_prometheus_evaluates_every_query_and_rule(start_server, tmp_path):
     finally:
         prom.close()
         ksm.close()
+        receiver.close()

@@ -28,6 +28,11 @@ def test_entrypoint_is_the_command_the_chart_runs():
     assert re.search(r'^ENTRYPOINT \["goodput"\]$', DOCKERFILE, flags=re.M)
     dep = one(render(), "Deployment", FULLNAME)
     assert container(dep, "sidecar")["command"] == ["goodput"]
-    # Every package the CLI loads commands from is copied into the image.
-    for package in ("goodput_cli", "engine", "sidecar", "forecaster", "dashboards"):
+    # Every package pyproject installs is copied into the image (`pip install .` would miss it).
+    import tomllib
+
+    include = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = [p.rstrip("*") for p in include]
+    assert {"goodput_cli", "engine", "sidecar", "forecaster", "dashboards", "tracefiles"} <= set(packages)
+    for package in packages:
         assert f"COPY {package} ./{package}" in DOCKERFILE

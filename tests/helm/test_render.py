@@ -21,6 +21,7 @@ CRDS = {
     ("monitoring.coreos.com/v1", "PodMonitor"): ["selector", "podMetricsEndpoints"],
     ("monitoring.coreos.com/v1", "PrometheusRule"): ["groups"],
     ("keda.sh/v1alpha1", "ScaledObject"): ["scaleTargetRef", "triggers"],
+    ("keda.sh/v1alpha1", "TriggerAuthentication"): ["secretTargetRef"],
 }
 VALUES = [None, *CI_VALUES]
 
@@ -34,9 +35,31 @@ def test_every_manifest_is_valid(values):
         if key in CRDS:
             # Not in kubernetes-validate's schemas: check the fields the operators require.
             assert set(CRDS[key]) <= set(obj["spec"]), f"{obj['kind']} lacks {CRDS[key]}"
+            if key[0] == "keda.sh/v1alpha1":
+                _validate_keda(obj)
             continue
         for version in KUBE_VERSIONS:
             kubernetes_validate.validate(obj, version, strict=True)
+
+
+def _validate_keda(obj: dict) -> None:
+    """Against KEDA's published CRD schemas, as the PyPI package cloudcoil-models-keda models them
+    (pydantic, generated from KEDA's CRDs): types and required fields are checked, and a field the
+    CRD does not define is dropped by the model, so a round trip that loses anything fails here."""
+    from cloudcoil.models.keda import v1alpha1
+
+    model = getattr(v1alpha1, obj["kind"]).model_validate(obj)
+    assert model.model_dump(by_alias=True, exclude_none=True, mode="json") == obj, f"{obj['kind']}: fields KEDA's CRD lacks"
+
+
+def test_keda_validation_catches_unknown_fields_and_bad_types():
+    (so,) = [o for o in render("autoscaling-keda-metrics-api-values.yaml") if o["kind"] == "ScaledObject"]
+    _validate_keda(so)
+    typo = {**so, "spec": {**so["spec"], "pollingIntervall": 15}}
+    with pytest.raises(AssertionError, match="fields KEDA's CRD lacks"):
+        _validate_keda(typo)
+    with pytest.raises(ValueError, match="pollingInterval"):
+        _validate_keda({**so, "spec": {**so["spec"], "pollingInterval": "often"}})
 
 
 @pytest.mark.parametrize("values", VALUES)
@@ -55,6 +78,8 @@ def test_default_render_has_serving_and_forecaster_only():
 @pytest.mark.parametrize("values, expected", [
     ("autoscaling-builtin-values.yaml", {"APIService", "HorizontalPodAutoscaler", "Secret", "ClusterRole", "ClusterRoleBinding"}),
     ("autoscaling-keda-values.yaml", {"ScaledObject", "ServiceMonitor"}),
+    ("autoscaling-keda-metrics-api-values.yaml", {"ScaledObject", "TriggerAuthentication", "Secret"}),
+    ("autoscaling-keda-external-values.yaml", {"ScaledObject", "TriggerAuthentication", "Secret"}),
     ("autoscaling-prometheus-adapter-values.yaml", {"HorizontalPodAutoscaler", "ServiceMonitor"}),
     ("monitoring-values.yaml", {"ServiceMonitor", "PrometheusRule"}),
     ("podmonitor-values.yaml", {"PodMonitor"}),
@@ -100,6 +125,7 @@ def test_rendered_prometheus_rule_passes_promtool(tmp_path):
     (None, "Turn on autoscaling.mode=builtin, keda or prometheus-adapter."),
     ("autoscaling-builtin-values.yaml", "kubectl get --raw /apis/external.metrics.k8s.io/v1beta1/namespaces/serving/goodput_desired_replicas"),
     ("autoscaling-keda-values.yaml", "kubectl -n serving get scaledobject demo-goodput"),
+    ("autoscaling-keda-metrics-api-values.yaml", "KEDA reads the forecaster directly (metrics-api trigger over TLS"),
     ("autoscaling-prometheus-adapter-values.yaml", "Add the external rule from values.yaml (autoscaling.prometheusAdapter)"),
     ("monitoring-values.yaml", "ConfigMaps labelled grafana_dashboard=1"),
 ])

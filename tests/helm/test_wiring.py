@@ -157,6 +157,85 @@ def test_keda_mode_scaled_object():
     assert so["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 300
 
 
+def _tls_pair(objects) -> tuple[x509.Certificate, x509.Certificate, dict]:
+    secret = one(objects, "Secret")
+    ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    cert.verify_directly_issued_by(ca)
+    return ca, cert, secret
+
+
+def _san(cert: x509.Certificate) -> list[str]:
+    return cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+
+
+def test_keda_metrics_api_reads_the_forecaster_over_verified_https():
+    from urllib.parse import urlsplit
+
+    from forecaster import keda
+
+    objects = render("autoscaling-keda-metrics-api-values.yaml")
+    assert [o for o in objects if o["kind"] in ("HorizontalPodAutoscaler", "APIService", "ServiceMonitor")] == []
+    (trigger,) = one(objects, "ScaledObject")["spec"]["triggers"]
+    assert (trigger["type"], trigger["metricType"]) == ("metrics-api", "AverageValue")
+    meta = trigger["metadata"]
+    # targetValue 1 with AverageValue: ceil(desiredReplicas / 1) is the decision; the path is the
+    # one the forecaster serves it at.
+    assert (meta["valueLocation"], meta["targetValue"], meta["format"], meta["authMode"]) == ("desiredReplicas", "1", "json", "tls")
+    assert meta["valueLocation"] in keda.VALUE_LOCATIONS
+    url = urlsplit(meta["url"])
+    assert (url.scheme, url.path) == ("https", keda.PATH)
+    # The URL's host is the forecaster Service, on a port that reaches the forecaster's --api-port,
+    # and the certificate it serves names that host and is signed by the CA KEDA is given.
+    svc = one(objects, "Service", FORECASTER)
+    assert url.hostname == f"{FORECASTER}.{NAMESPACE}.svc"
+    port = next(p for p in svc["spec"]["ports"] if p["port"] == url.port)
+    dep = one(objects, "Deployment", FORECASTER)
+    c = container(dep, "forecaster")
+    args = _args(c)
+    assert {p["name"]: p["containerPort"] for p in c["ports"]}[port["targetPort"]] == args.api_port == 8443
+    _, cert, secret = _tls_pair(objects)
+    assert url.hostname in _san(cert)
+    auth = one(objects, "TriggerAuthentication", trigger["authenticationRef"]["name"])
+    refs = {r["parameter"]: (r["name"], r["key"]) for r in auth["spec"]["secretTargetRef"]}
+    name = secret["metadata"]["name"]
+    assert refs == {"ca": (name, "ca.crt"), "cert": (name, "tls.crt"), "key": (name, "tls.key")}
+    volume = next(v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls")
+    assert volume["secret"]["secretName"] == name and args.tls_cert_file == "/etc/goodput/tls/tls.crt"
+    assert "prometheus" not in str(one(objects, "ScaledObject"))  # no Prometheus in the loop
+
+
+def test_keda_external_calls_the_forecaster_grpc_scaler_over_tls():
+    from forecaster.keda_grpc import METRICS
+
+    objects = render("autoscaling-keda-external-values.yaml")
+    (trigger,) = one(objects, "ScaledObject")["spec"]["triggers"]
+    assert (trigger["type"], trigger["metricType"]) == ("external", "AverageValue")
+    meta = trigger["metadata"]
+    assert meta["metric"] in METRICS and meta["targetValue"] == "1"
+    host, port = meta["scalerAddress"].rsplit(":", 1)
+    assert host == f"{FORECASTER}.{NAMESPACE}.svc"
+    svc = one(objects, "Service", FORECASTER)
+    svc_port = next(p for p in svc["spec"]["ports"] if p["port"] == int(port))
+    c = container(one(objects, "Deployment", FORECASTER), "forecaster")
+    args = _args(c)
+    assert {p["name"]: p["containerPort"] for p in c["ports"]}[svc_port["targetPort"]] == args.keda_grpc_port == 9443
+    # gRPC with TLS (not --keda-grpc-plaintext), no HTTPS API, and a certificate for the scalerAddress host.
+    assert args.api_port == 0 and not args.keda_grpc_plaintext and args.tls_cert_file == "/etc/goodput/tls/tls.crt"
+    _, cert, secret = _tls_pair(objects)
+    assert host in _san(cert)
+    auth = one(objects, "TriggerAuthentication", trigger["authenticationRef"]["name"])
+    assert auth["spec"]["secretTargetRef"] == [{"parameter": "caCert", "name": secret["metadata"]["name"], "key": "ca.crt"}]
+
+
+def test_keda_direct_with_an_existing_secret():
+    objects = render({"autoscaling": {"mode": "keda", "keda": {"trigger": "external", "existingSecret": "my-tls"}}})
+    assert [o for o in objects if o["kind"] == "Secret"] == []
+    dep = one(objects, "Deployment", FORECASTER)
+    assert next(v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls")["secret"]["secretName"] == "my-tls"
+    assert one(objects, "TriggerAuthentication")["spec"]["secretTargetRef"][0]["name"] == "my-tls"
+
+
 def test_prometheus_adapter_mode():
     objects = render("autoscaling-prometheus-adapter-values.yaml")
     hpa = one(objects, "HorizontalPodAutoscaler")

@@ -65,8 +65,54 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 
 {{/* The TLS Secret the forecaster serves the External Metrics API with. */}}
+{{- /* "true" when the forecaster serves TLS: its External Metrics API (mode builtin), or KEDA
+reading it directly (mode keda, trigger metrics-api or external). */}}
+{{- define "goodput.forecasterTLS" -}}
+{{- $a := .Values.autoscaling -}}
+{{- if or (eq $a.mode "builtin") (and (eq $a.mode "keda") (ne $a.keda.trigger "prometheus")) }}true{{ end -}}
+{{- end -}}
+
+{{- define "goodput.tlsExistingSecret" -}}
+{{- if eq .Values.autoscaling.mode "keda" }}{{ .Values.autoscaling.keda.existingSecret }}{{ else }}{{ .Values.autoscaling.builtin.existingSecret }}{{ end -}}
+{{- end -}}
+
 {{- define "goodput.tlsSecretName" -}}
-{{- default (printf "%s-tls" (include "goodput.forecasterName" .)) .Values.autoscaling.builtin.existingSecret -}}
+{{- default (printf "%s-tls" (include "goodput.forecasterName" .)) (include "goodput.tlsExistingSecret" .) -}}
+{{- end -}}
+
+{{- /* The chart-made TLS Secret's data as YAML (tls.crt, tls.key, ca.crt, base64): reused on
+upgrade (lookup is empty offline and on first install), else a new CA and a serving certificate
+for the forecaster Service's DNS names. Takes (list $ validityDays). Only one template per render
+calls it (the modes that use it exclude each other), so there is one CA. */}}
+{{- define "goodput.tlsData" -}}
+{{- $root := index . 0 -}}
+{{- $svc := include "goodput.forecasterName" $root -}}
+{{- $ns := $root.Release.Namespace -}}
+{{- $existing := lookup "v1" "Secret" $ns (include "goodput.tlsSecretName" $root) -}}
+{{- if and $existing (index $existing.data "ca.crt") }}
+{{- toYaml (dict "tls.crt" (index $existing.data "tls.crt") "tls.key" (index $existing.data "tls.key") "ca.crt" (index $existing.data "ca.crt")) }}
+{{- else }}
+{{- $ca := genCA (printf "%s-ca" $svc) (int (index . 1)) -}}
+{{- $names := list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns) -}}
+{{- $cert := genSignedCert (printf "%s.%s.svc" $svc $ns) nil $names (int (index . 1)) $ca -}}
+{{- toYaml (dict "tls.crt" ($cert.Cert | b64enc) "tls.key" ($cert.Key | b64enc) "ca.crt" ($ca.Cert | b64enc)) }}
+{{- end }}
+{{- end -}}
+
+{{- /* The TLS Secret manifest for (list $ data). */}}
+{{- define "goodput.tlsSecret" -}}
+{{- $root := index . 0 -}}{{- $data := index . 1 -}}
+apiVersion: v1
+kind: Secret
+metadata:
+  name: {{ include "goodput.tlsSecretName" $root }}
+  labels:
+    {{- include "goodput.componentLabels" (list $root "forecaster") | nindent 4 }}
+type: kubernetes.io/tls
+data:
+  tls.crt: {{ index $data "tls.crt" }}
+  tls.key: {{ index $data "tls.key" }}
+  ca.crt: {{ index $data "ca.crt" }}
 {{- end -}}
 
 {{- define "goodput.gracePeriod" -}}
