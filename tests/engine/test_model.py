@@ -98,5 +98,6 @@ def test_projection_paths_agree(rows):
         pytest.skip("this torch has no MKL packed GEMM")
     g = torch.Generator().manual_seed(rows)
     w_t, x = torch.randn(64, 300, generator=g), torch.randn(rows, 64, generator=g)
-    # Packed (17..32 rows, padded to 32) or plain, every row count gives x @ W_t.
-    assert torch.allclose(Proj(w_t, packed=True)(x), x @ w_t, atol=1e-4)
+    # Packed (17..32 rows, padded to 32) or plain, every row count gives x @ W_t. Proj takes the
+    # checkpoint's (out, in) weight, as F.linear does.
+    assert torch.allclose(Proj(w_t.t(), packed=True)(x), x @ w_t, atol=1e-4)
