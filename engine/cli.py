@@ -11,7 +11,7 @@ from goodput_cli.errors import UsageError
 
 def register(registry) -> None:
     p = registry.command("engine serve", "serve the bundled engine (OpenAI-compatible)", serve)
-    p.add_argument("--model", default="smollm2", help="smollm2 (default), tiny, a .gguf file or an HF folder")
+    p.add_argument("--model", default="smollm2", help="smollm2 (default), tiny, smollm2-shaped (random weights in SmolLM2's shapes), a .gguf file or an HF folder")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", action="append", default=None,
