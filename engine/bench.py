@@ -1,9 +1,12 @@
 """`goodput bench engine`: the engine against its physical floors and against transformers.
 
-One run measures, side by side: memory read bandwidth and float32 matmul rate (the floors they
-imply for a decode step and a prefill), engine decode tokens/s at batch 1/8/32, engine prefill of
-a 1,024-token prompt, and transformers' generate at batch 1 and 8 on the same weights. Medians
-of repeats; every ratio printed; where a target is missed, a per-op profile says where time went.
+One run measures, side by side: memory bandwidth and the matmul rate in the run's dtype (the
+floors they imply for a decode step and a prefill; engine/bench_rates.py), engine decode tokens/s
+at batch 1/8/32 (or --batches), engine prefill of a 1,024-token prompt (or --prefill-lens), and
+transformers' generate at batch 1 and 8 on the same weights in the same dtype and device. Best of
+alternating rounds; every ratio printed (engine/bench_report.py); where a target is missed, a
+per-op profile says where time went. `--dtype both` runs float32 and bfloat16 one after the other
+and prints them side by side.
 """
 
 from __future__ import annotations
@@ -22,49 +25,28 @@ PREFILL_LEN = 1024
 STALL_BUDGETS = (None, 512, 128)   # unchunked, the serve default, small chunks
 
 
-class MachineRates:
-    """Memory read bandwidth (sum over 512 MB) and float32 matmul rate (2048^3), sampled between
-    the other measurements. Other processes share this machine, so rates swing; the floors use
-    the best rate seen in the run (the machine can do at least that), which makes them strict."""
-
-    def __init__(self):
-        import torch
-
-        self.big = torch.ones(128 * 2**20)  # 512 MB of float32
-        self.a, self.b = torch.randn(2048, 2048), torch.randn(2048, 2048)
-        self.big.sum()
-        self.a @ self.b
-        self.reads: list[float] = []
-        self.matmuls: list[float] = []
-
-    def sample(self, repeats: int = 3) -> None:
-        for _ in range(repeats):
-            t = time.perf_counter()
-            self.big.sum()
-            self.reads.append(self.big.numel() * 4 / (time.perf_counter() - t) / 1e9)
-            t = time.perf_counter()
-            self.a @ self.b
-            self.matmuls.append(2 * 2048**3 / (time.perf_counter() - t) / 1e9)
-
-    def result(self) -> dict:
-        return {"memory_read_gb_s": max(self.reads), "matmul_gflop_s": max(self.matmuls),
-                "memory_read_gb_s_median": statistics.median(self.reads),
-                "matmul_gflop_s_median": statistics.median(self.matmuls), "samples": len(self.reads)}
-
-
-def _engine(folder, max_seqs=64):
+def _engine(folder, device: str, dtype: str, batches, prefill_lens, decode_steps: int):
+    """An engine sized for the run: every batch fits at once, a whole prefill fits in one step."""
     from engine.config import EngineConfig
     from engine.core import LLMEngine
+    from engine.weights.hf import load_config
 
-    cfg = EngineConfig(max_model_len=2048, max_num_seqs=max_seqs, max_num_batched_tokens=2048,
-                       kv_cache_memory=1024 * 2**20, num_threads=os.cpu_count() or 1)
+    model = load_config(folder)
+    longest = max(max(prefill_lens), PREFILL_LEN)
+    ctx = min(model.max_position_embeddings, max(2048, longest + 16))
+    tokens = max(max(batches) * (PROMPT_LEN + decode_steps + 16), longest + 64, 5 * PREFILL_LEN + 256)
+    elt = 4 if dtype == "float32" else 2
+    kv = max(1024 * 2**20, int(1.25 * tokens * model.kv_bytes_per_token(elt)))
+    cfg = EngineConfig(max_model_len=ctx, max_num_seqs=max(64, max(batches)), max_num_batched_tokens=max(2048, longest),
+                       kv_cache_memory=kv, num_threads=os.cpu_count() or 1, device=device, dtype=dtype)
     return LLMEngine.from_folder(folder, cfg)
 
 
 def _prompts(engine, batch: int, length: int) -> list[list[int]]:
     """Distinct prompts (no prefix-cache sharing between them) of exactly `length` tokens."""
     base = engine.tokenizer.encode("The history of lighthouses begins with fires lit on hilltops to guide ships. " * 60)
-    return [[(t + 7919 * i) % 40000 + 100 for t in base[:length]] for i in range(batch)]
+    base = (base * (-(-length // len(base))))[:length]
+    return [[(t + 7919 * i) % 40000 + 100 for t in base] for i in range(batch)]
 
 
 def engine_decode(engine, batch: int, steps: int) -> dict:
@@ -87,11 +69,13 @@ def engine_decode(engine, batch: int, steps: int) -> dict:
     return {"batch": batch, "step_s": step, "tokens_per_s": batch / step, "steps_measured": len(times)}
 
 
-def engine_prefill(engine, repeats: int) -> dict:
+def engine_prefill(engine, repeats: int, length: int = PREFILL_LEN) -> dict:
     from engine.request import SamplingParams
 
     times = []
-    prompt = _prompts(engine, 1, PREFILL_LEN)[0]
+    # One token is generated, so a prompt as long as the context is one token shorter.
+    length = min(length, engine.max_model_len - 1)
+    prompt = _prompts(engine, 1, length)[0]
     for i in range(repeats + 1):
         engine.kv.pool.reset_prefix_cache()  # a cache hit would skip the work we time
         engine.add_request(f"pre-{i}", prompt, SamplingParams(max_tokens=1, temperature=0), detokenize=False)
@@ -101,27 +85,28 @@ def engine_prefill(engine, repeats: int) -> dict:
         if i:  # the first run warms up
             times.append(time.perf_counter() - t)
     s = statistics.median(times)
-    return {"tokens": PREFILL_LEN, "seconds": s, "tokens_per_s": PREFILL_LEN / s}
+    return {"tokens": length, "seconds": s, "tokens_per_s": length / s}
 
 
-def load_hf(folder):
+def load_hf(folder, dtype: str = "float32", device: str = "cpu"):
     import torch
     from transformers import LlamaForCausalLM
 
-    return LlamaForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
+    return LlamaForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).to(device).eval()
 
 
 def hf_decode(model, engine, batch: int, new_tokens: int) -> dict:
     """transformers generate: per-token decode time = (t(1 + n tokens) - t(1 token)) / n."""
     import torch
 
-    ids = torch.tensor(_prompts(engine, batch, PROMPT_LEN))
+    ids = torch.tensor(_prompts(engine, batch, PROMPT_LEN), device=model.device)
     mask = torch.ones_like(ids)
 
     def run(n):
         t = time.perf_counter()
         with torch.inference_mode():
-            model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+            out.cpu()  # waits for a GPU to finish
         return time.perf_counter() - t
 
     run(2)
@@ -165,7 +150,8 @@ def prefill_stall(engine, budget: int | None) -> dict:
 
 
 def profile_ops(engine, batch: int, prompt_len: int, steps: int) -> list[dict]:
-    """Self CPU time per op over a few engine steps (decode when prompt_len is short)."""
+    """Self time per op over a few engine steps (decode when prompt_len is short): CPU time on a
+    CPU, GPU kernel time on a GPU."""
     from torch.profiler import ProfilerActivity, profile
 
     from engine.request import SamplingParams
@@ -177,62 +163,121 @@ def profile_ops(engine, batch: int, prompt_len: int, steps: int) -> list[dict]:
     if prompt_len <= PROMPT_LEN:
         engine.step()
         engine.step()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    cuda = engine.runner.device.type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
         for _ in range(steps):
             engine.step()
     while engine.has_work():
         engine.step()
-    rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
-    total = sum(e.self_cpu_time_total for e in rows) or 1
-    return [{"op": e.key, "ms_per_step": e.self_cpu_time_total / 1000 / steps, "share": e.self_cpu_time_total / total,
+
+    def own(e):
+        return e.self_device_time_total if cuda else e.self_cpu_time_total
+
+    rows = sorted(prof.key_averages(), key=own, reverse=True)
+    total = sum(own(e) for e in rows) or 1
+    return [{"op": e.key, "ms_per_step": own(e) / 1000 / steps, "share": own(e) / total,
              "calls_per_step": e.count / steps} for e in rows[:8]]
+
+
+def _int_list(text: str | None, default: tuple[int, ...], flag: str) -> tuple[int, ...]:
+    if not text:
+        return default
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UsageError(f"{flag} must be whole numbers separated by commas, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise UsageError(f"{flag} needs at least one value >= 1, got {text!r}")
+    return values
 
 
 def run_bench(args) -> int:
     from rich.console import Console
+
+    import torch
+
+    from engine.bench_report import render, render_side_by_side
+    from engine.cli import pick_device
+    from engine.dtype import choose_dtype
+    from engine.weights import resolve_model
+    from engine.weights.hf import load_config
+
+    console = Console(stderr=True)
+    torch.set_num_threads(os.cpu_count() or 1)
+    device = pick_device(getattr(args, "device", None))
+    batches = _int_list(getattr(args, "batches", None), DECODE_BATCHES, "--batches")
+    prefill_lens = _int_list(getattr(args, "prefill_lens", None), (PREFILL_LEN,), "--prefill-lens")
+    try:
+        folder, name = resolve_model(args.model, lambda m: console.print(m))
+        model_cfg = load_config(folder)
+    except (FileNotFoundError, ValueError) as exc:
+        raise UsageError(f"cannot load model {args.model!r}: {exc}") from None
+    requested = getattr(args, "dtype", "auto") or "auto"
+    if requested == "both":
+        choices = [choose_dtype(d, device) for d in ("float32", "bfloat16")]
+    else:
+        choices = [choose_dtype(requested, device, model_cfg)]
+    for c in choices:
+        console.print(f"dtype {c.detail}")
+    results = [bench_one(folder, name, device, c, batches, prefill_lens, bool(getattr(args, "quick", False)), console)
+               for c in choices]
+    doc = results[0] if len(results) == 1 else {"model": name, "device": device,
+                                                 "dtypes": [r["dtype"] for r in results], "runs": results}
+    if args.json_path:
+        with open(args.json_path, "w") as f:
+            json.dump(doc, f, indent=1)
+    for r in results:
+        print(render(r))
+        print()
+    if len(results) > 1:
+        print(render_side_by_side(results))
+    return 0
+
+
+def bench_one(folder, name: str, device: str, choice, batches, prefill_lens, quick: bool, console) -> dict:
+    """One dtype's full run: rates, engine and transformers in alternating rounds, floors, ratios."""
     from rich.progress import Progress
 
     import torch
 
-    from engine.weights import resolve_model
+    from engine.bench_rates import MachineRates
+    from engine.bench_report import ratios
 
-    console = Console(stderr=True)
-    torch.set_num_threads(os.cpu_count() or 1)
-    quick = bool(getattr(args, "quick", False))
     started = time.perf_counter()
-    try:
-        folder, name = resolve_model(args.model, lambda m: console.print(m))
-    except (FileNotFoundError, ValueError) as exc:
-        raise UsageError(f"cannot load model {args.model!r}: {exc}") from None
-    res: dict = {"model": name, "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-                 "quick": quick}
+    dtype = choice.dtype
+    res: dict = {"model": name, "device": device, "dtype": dtype, "dtype_choice": choice.to_json(),
+                 "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "quick": quick}
     decode_steps, hf_tokens, rounds = (8, 4, 1) if quick else (32, 16, 3)
+    hf_batches = tuple(b for b in HF_BATCHES if b in batches)
     with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("machine rates", total=2 + rounds * 7)
-        machine = MachineRates()
+        task = progress.add_task(f"{dtype}: machine rates", total=2 + rounds * (len(batches) + len(hf_batches) + 2))
+        machine = MachineRates(dtype, device)
         machine.sample()
-        progress.update(task, advance=1, description="loading the engine and transformers")
-        engine = _engine(folder)
-        hf_model = load_hf(folder)
+        progress.update(task, advance=1, description=f"{dtype}: loading the engine and transformers")
+        engine = _engine(folder, device, dtype, batches, prefill_lens, decode_steps)
+        hf_model = load_hf(folder, dtype, device)
         params = engine.runner.model.num_parameters()
         res["model_params"] = params
-        res["weight_bytes"] = params * 4
+        res["weight_bytes"] = params * torch.tensor([], dtype=getattr(torch, dtype)).element_size()
         # Other processes share this machine and its speed swings by 2x within a minute. So the
         # engine and transformers are measured in alternation, `rounds` times, and each result
         # is the best round (the least disturbed), like the floors, which use the best rates.
         runs: dict[str, list[dict]] = {}
         for r in range(rounds):
-            for b in DECODE_BATCHES:
-                progress.update(task, advance=1, description=f"round {r + 1}/{rounds}: engine decode, batch {b}")
+            for b in batches:
+                progress.update(task, advance=1, description=f"{dtype} round {r + 1}/{rounds}: engine decode, batch {b}")
                 runs.setdefault(f"engine_b{b}", []).append(engine_decode(engine, b, decode_steps))
-                if b in HF_BATCHES:
-                    progress.update(task, advance=1, description=f"round {r + 1}/{rounds}: transformers, batch {b}")
+                if b in hf_batches:
+                    progress.update(task, advance=1, description=f"{dtype} round {r + 1}/{rounds}: transformers, batch {b}")
                     runs.setdefault(f"hf_b{b}", []).append(hf_decode(hf_model, engine, b, hf_tokens))
                 machine.sample(3)
-            progress.update(task, advance=1, description=f"round {r + 1}/{rounds}: engine prefill, 1024 tokens")
-            runs.setdefault("prefill", []).append(engine_prefill(engine, 1))
+            for n in prefill_lens:
+                progress.update(task, description=f"{dtype} round {r + 1}/{rounds}: engine prefill, {n} tokens")
+                runs.setdefault(f"prefill_{n}", []).append(engine_prefill(engine, 1, n))
+            progress.update(task, advance=1)
             machine.sample(3)
-            progress.update(task, description=f"round {r + 1}/{rounds}: decode stalls during a long prefill")
+            progress.update(task, advance=1, description=f"{dtype} round {r + 1}/{rounds}: decode stalls during a long prefill")
             for b in STALL_BUDGETS:
                 runs.setdefault(f"stall_{b}", []).append(prefill_stall(engine, b))
         del hf_model
@@ -243,95 +288,24 @@ def run_bench(args) -> int:
             return out
 
         res["rounds"] = rounds
-        res["engine_decode"] = [best(f"engine_b{b}") for b in DECODE_BATCHES]
-        res["transformers_decode"] = [best(f"hf_b{b}") for b in HF_BATCHES]
-        res["engine_prefill"] = best("prefill", "seconds")
+        res["engine_decode"] = [best(f"engine_b{b}") for b in batches]
+        res["transformers_decode"] = [best(f"hf_b{b}") for b in hf_batches]
+        res["engine_prefills"] = [best(f"prefill_{n}", "seconds") for n in prefill_lens]
+        res["engine_prefill"] = res["engine_prefills"][0]
         res["prefill_stall"] = [best(f"stall_{b}", "max_decode_gap_s") for b in STALL_BUDGETS]
-        progress.update(task, description="profiles")
+        progress.update(task, description=f"{dtype}: profiles")
         res["machine"] = machine.result()
         del machine
         bw, mm = res["machine"]["memory_read_gb_s"] * 1e9, res["machine"]["matmul_gflop_s"] * 1e9
-        res["floors"] = {"decode_step_s": params * 4 / bw, "prefill_s_per_token": 2 * params / mm}
+        # A decode step reads every weight once: half the bytes in bfloat16 as in float32.
+        res["floors"] = {"decode_step_s": res["weight_bytes"] / bw, "prefill_s_per_token": 2 * params / mm}
         res["ratios"] = ratios(res)
         res["profiles"] = {}
         missed = res["ratios"]["missed"]
         if any(k.startswith("decode") for k in missed):
-            for b in DECODE_BATCHES:
+            for b in batches:
                 res["profiles"][f"decode_batch_{b}"] = profile_ops(engine, b, PROMPT_LEN, 3)
         if any(k.startswith("prefill") for k in missed):
-            res["profiles"]["prefill_1024"] = profile_ops(engine, 1, PREFILL_LEN, 1)
+            res["profiles"][f"prefill_{PREFILL_LEN}"] = profile_ops(engine, 1, PREFILL_LEN, 1)
     res["wall_s"] = time.perf_counter() - started
-    if args.json_path:
-        with open(args.json_path, "w") as f:
-            json.dump(res, f, indent=1)
-    print(render(res))
-    return 0
-
-
-def ratios(res: dict) -> dict:
-    """Every ratio the issue asks for; 'missed' lists targets not reached (1.5x floor, 2x transformers)."""
-    floor_step, floor_tok = res["floors"]["decode_step_s"], res["floors"]["prefill_s_per_token"]
-    out: dict = {"missed": []}
-    mm = res["machine"]["matmul_gflop_s"] * 1e9
-    for d in res["engine_decode"]:
-        r = d["step_s"] / floor_step
-        out[f"decode_b{d['batch']}_over_floor"] = r
-        # At large batch a step also has to do batch x 2 x params FLOPs; on a CPU that, not the
-        # weight read, is the binding floor (32 x 269 MFLOP = 8.6 GFLOP a step for SmolLM2).
-        roof = max(floor_step, d["batch"] * 2 * res["model_params"] / mm)
-        out[f"decode_b{d['batch']}_roofline_floor_s"] = roof
-        out[f"decode_b{d['batch']}_over_roofline"] = d["step_s"] / roof
-        if d["batch"] in (1, 32) and r > 1.5:
-            out["missed"].append(f"decode_b{d['batch']}_within_1.5x_floor")
-    p = res["engine_prefill"]
-    out["prefill_over_floor"] = (p["seconds"] / p["tokens"]) / floor_tok
-    if out["prefill_over_floor"] > 1.5:
-        out["missed"].append("prefill_within_1.5x_floor")
-    by_batch = {d["batch"]: d for d in res["engine_decode"]}
-    for h in res["transformers_decode"]:
-        r = by_batch[h["batch"]]["tokens_per_s"] / h["tokens_per_s"]
-        out[f"decode_b{h['batch']}_over_transformers"] = r
-        if r < 2:
-            out["missed"].append(f"decode_b{h['batch']}_2x_transformers")
-    return out
-
-
-def render(res: dict) -> str:
-    m, f, r = res["machine"], res["floors"], res["ratios"]
-    lines = [f"goodput bench engine: {res['model']} ({res['model_params'] / 1e6:.1f} M params, "
-             f"{res['weight_bytes'] / 1e6:.0f} MB fp32), {res['threads']} threads, OMP_WAIT_POLICY={res['omp_wait_policy']}",
-             f"machine: memory read {m['memory_read_gb_s']:.1f} GB/s, fp32 matmul {m['matmul_gflop_s']:.1f} GFLOP/s "
-             f"(best of {m['samples']} samples through the run; medians {m['memory_read_gb_s_median']:.1f} GB/s, "
-             f"{m['matmul_gflop_s_median']:.1f} GFLOP/s); each result below is the best of {res['rounds']} "
-             f"alternating rounds",
-             f"floors: decode step {f['decode_step_s'] * 1e3:.1f} ms (weights / bandwidth), "
-             f"prefill {f['prefill_s_per_token'] * 1e3:.2f} ms/token (2 x params FLOPs / matmul rate)", "",
-             f"{'measurement':<34}{'result':>16}{'vs floor':>11}{'vs transformers':>17}{'vs roofline':>13}"]
-    hf = {h["batch"]: h for h in res["transformers_decode"]}
-    for d in res["engine_decode"]:
-        b = d["batch"]
-        vs_hf = f"{r[f'decode_b{b}_over_transformers']:.2f}x" if b in hf else "-"
-        lines.append(f"{'engine decode, batch ' + str(b):<34}{d['tokens_per_s']:>9.1f} tok/s"
-                     f"{r[f'decode_b{b}_over_floor']:>10.2f}x{vs_hf:>17}{r[f'decode_b{b}_over_roofline']:>12.2f}x"
-                     f"   ({d['step_s'] * 1e3:.1f} ms/step; roofline floor {r[f'decode_b{b}_roofline_floor_s'] * 1e3:.0f} ms)")
-    p = res["engine_prefill"]
-    lines.append(f"{'engine prefill, 1024 tokens':<34}{p['tokens_per_s']:>9.1f} tok/s{r['prefill_over_floor']:>10.2f}x{'-':>17}"
-                 f"   ({p['seconds'] * 1e3:.0f} ms)")
-    for h in res["transformers_decode"]:
-        lines.append(f"{'transformers generate, batch ' + str(h['batch']):<34}{h['tokens_per_s']:>9.1f} tok/s"
-                     f"{h['step_s'] / f['decode_step_s']:>10.2f}x{'1.00x':>17}   ({h['step_s'] * 1e3:.1f} ms/step)")
-    for st in res["prefill_stall"]:
-        how = "unchunked" if st["budget"] is None else f"chunks of {st['budget']}"
-        lines.append(f"1024-token prompt arriving while 4 sequences decode, {how}: their longest token gap "
-                     f"{st['max_decode_gap_s'] * 1e3:.0f} ms, its TTFT {st['long_prompt_ttft_s'] * 1e3:.0f} ms")
-    lines.append("")
-    lines.append("vs floor: measured time / floor (1.00x = at the floor); vs transformers: engine tokens/s / transformers tokens/s;")
-    lines.append("vs roofline: time / max(weight bytes / bandwidth, batch x 2 x params / matmul rate)")
-    lines.append("targets: decode b1/b32 and prefill within 1.5x of floor; decode >= 2x transformers at the same batch")
-    lines.append("missed: " + (", ".join(r["missed"]) if r["missed"] else "none"))
-    for name, rows in res["profiles"].items():
-        lines.append(f"profile {name} (self CPU time per step, top ops):")
-        for row in rows:
-            lines.append(f"  {row['op']:<52}{row['ms_per_step']:>9.2f} ms {row['share'] * 100:>5.1f}%  {row['calls_per_step']:>6.0f} calls")
-    lines.append(f"wall time {res['wall_s']:.0f} s")
-    return "\n".join(lines)
+    return res

@@ -93,6 +93,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     device: str = "cpu"
+    # "auto" is resolved once the model is known (engine.dtype.choose_dtype, in LLMEngine).
     dtype: str = "float32"
     seed: int = 0
     # The CPUs this process may run on (taskset, cgroup cpusets), not every CPU of the machine:
@@ -110,14 +111,17 @@ class EngineConfig:
             raise ValueError("--max-num-batched-tokens must be at least 1")
         if self.max_num_seqs < 1:
             raise ValueError("--max-num-seqs must be at least 1")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"--dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"--dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
 
-    def resolve(self, model: ModelConfig) -> "ResolvedLimits":
-        """Block count and context length once the model is known."""
+    def resolve(self, model: ModelConfig, dtype: str | None = None) -> "ResolvedLimits":
+        """Block count and context length once the model (and, for --dtype auto, the dtype) is known."""
         import torch
 
-        dtype_bytes = torch.tensor([], dtype=getattr(torch, self.dtype)).element_size()
+        dtype = dtype or self.dtype
+        if dtype == "auto":
+            raise ValueError("resolve the dtype first (engine.dtype.choose_dtype)")
+        dtype_bytes = torch.tensor([], dtype=getattr(torch, dtype)).element_size()
         per_block = model.kv_bytes_per_token(dtype_bytes) * self.block_size
         num_blocks = self.num_blocks if self.num_blocks is not None else self.kv_cache_memory // per_block
         if num_blocks < 1:

@@ -6,6 +6,7 @@ it directly. `step()` runs one iteration and returns what each request produced.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,11 +14,15 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig, ModelConfig
+from engine.dtype import DtypeChoice, choose_dtype
 from engine.kv_manager import KVCacheManager
 from engine.request import Request, SamplingParams
 from engine.runner import ModelRunner
 from engine.scheduler import Scheduler
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
+
+
+log = logging.getLogger("goodput.engine")
 
 
 class RequestRejected(ValueError):
@@ -45,15 +50,20 @@ class _OutputState:
 
 
 class LLMEngine:
-    def __init__(self, model_cfg: ModelConfig, state: dict, cfg: EngineConfig, tokenizer: Tokenizer | None = None):
+    def __init__(self, model_cfg: ModelConfig, state: dict, cfg: EngineConfig, tokenizer: Tokenizer | None = None,
+                 dtype_choice: DtypeChoice | None = None):
         torch.set_num_threads(cfg.num_threads)
         torch.manual_seed(cfg.seed)
         self.model_cfg, self.cfg, self.tokenizer = model_cfg, cfg, tokenizer
-        limits = cfg.resolve(model_cfg)
+        # After set_num_threads: the --dtype auto probe must run with the threads the engine gets.
+        self.dtype_choice = dtype_choice or choose_dtype(cfg.dtype, cfg.device, model_cfg)
+        self.dtype = self.dtype_choice.dtype
+        log.info("engine dtype %s (%s)", self.dtype, self.dtype_choice.detail)
+        limits = cfg.resolve(model_cfg, self.dtype)
         self.num_blocks, self.max_model_len = limits.num_blocks, limits.max_model_len
         self.kv = KVCacheManager(limits.num_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, limits.max_num_batched_tokens, cfg.max_num_seqs, cfg.enable_chunked_prefill)
-        dtype = getattr(torch, cfg.dtype)
+        dtype = getattr(torch, self.dtype)
         self.runner = ModelRunner(model_cfg, state, limits.num_blocks, cfg.block_size, limits.max_model_len,
                                   cfg.device, dtype, cfg.seed)
         self.eos_ids = set(model_cfg.eos_token_ids)
@@ -64,10 +74,10 @@ class LLMEngine:
         self.num_prompt_tokens = 0
 
     @classmethod
-    def from_folder(cls, folder: Path, cfg: EngineConfig) -> "LLMEngine":
+    def from_folder(cls, folder: Path, cfg: EngineConfig, dtype_choice: DtypeChoice | None = None) -> "LLMEngine":
         from engine.weights.hf import load_config, load_state_dict
 
-        return cls(load_config(folder), load_state_dict(folder), cfg, Tokenizer(folder))
+        return cls(load_config(folder), load_state_dict(folder), cfg, Tokenizer(folder), dtype_choice)
 
     def check_request(self, num_prompt_tokens: int, params: SamplingParams) -> None:
         """Raise RequestRejected if the request can never be served. Reads only constants, so

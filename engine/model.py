@@ -47,22 +47,27 @@ PACKED_MIN_ROWS = 17
 
 
 class Proj:
-    """One projection, weight stored transposed (in, out), optionally also MKL-packed."""
+    """One projection. float32: weight stored transposed (in, out), optionally also MKL-packed.
+    Other dtypes keep the checkpoint's (out, in) layout and run F.linear: in bfloat16 on CPU that
+    is oneDNN's path and measured 1.1-2x faster than `x @ W_t` (2x for the LM head at batch 1)."""
 
-    def __init__(self, w_t: torch.Tensor, packed: bool):
-        self.w_t = w_t
+    def __init__(self, w: torch.Tensor, packed: bool):
+        self.transposed = w.dtype == torch.float32
+        self.weight = w.t().contiguous() if self.transposed else w.contiguous()
         self.packed = None
-        if packed:
-            self.packed = torch.ops.mkl._mkl_reorder_linear_weight(w_t.t().contiguous(), PACKED_ROWS)
+        if packed and self.transposed:
+            self.packed = torch.ops.mkl._mkl_reorder_linear_weight(w.contiguous(), PACKED_ROWS)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.transposed:
+            return F.linear(x, self.weight)
         m = x.shape[0]
         if self.packed is None or not PACKED_MIN_ROWS <= m <= PACKED_ROWS:
-            return x @ self.w_t
+            return x @ self.weight
         if m < PACKED_ROWS:
             x = F.pad(x, (0, 0, 0, PACKED_ROWS - m))
-        # origin weight (a view of w_t) is used by MKL only if the row count did not match.
-        return torch.ops.mkl._mkl_linear(x, self.packed, self.w_t.t(), None, PACKED_ROWS)[:m]
+        # origin weight (a view of the transposed weight) is used by MKL only if the row count did not match.
+        return torch.ops.mkl._mkl_linear(x, self.packed, self.weight.t(), None, PACKED_ROWS)[:m]
 
 
 def packed_gemm_available(device) -> bool:
@@ -82,8 +87,8 @@ class LlamaModel:
                 raise ValueError(f"checkpoint is missing tensor {name}")
             return state[name].to(device=device, dtype=dtype)
 
-        def t(x):  # transposed, contiguous copy, as a projection
-            return Proj(x.t().contiguous(), packed)
+        def t(x):  # a projection in the layout its dtype runs fastest in
+            return Proj(x, packed)
 
         self.embed = w("model.embed_tokens.weight")
         head = self.embed if cfg.tie_word_embeddings or "lm_head.weight" not in state else w("lm_head.weight")
@@ -112,11 +117,18 @@ class LlamaModel:
     def num_parameters(self) -> int:
         n = self.embed.numel() + self.norm.numel()
         if not self.cfg.tie_word_embeddings:
-            n += self.lm_head.w_t.numel()
-        return n + sum((x.w_t if isinstance(x, Proj) else x).numel() for layer in self.layers for x in layer.values())
+            n += self.lm_head.weight.numel()
+        return n + sum((x.weight if isinstance(x, Proj) else x).numel() for layer in self.layers for x in layer.values())
 
     def _rms(self, x, weight):
-        return F.rms_norm(x, (x.shape[-1],), weight, self.cfg.rms_norm_eps)
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), weight, self.cfg.rms_norm_eps)
+        # transformers' LlamaRMSNorm order in half precision: normalise in float32, round to the
+        # model dtype, then scale by the weight (a second rounding). F.rms_norm rounds once, which
+        # flips the last bit often enough to move greedy tokens against the reference.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.cfg.rms_norm_eps)
+        return weight * xf.to(x.dtype)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], logits_rows: torch.Tensor) -> torch.Tensor:

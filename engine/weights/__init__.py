@@ -15,9 +15,13 @@ def resolve_model(model: str, progress=print) -> tuple[Path, str]:
         from engine.weights.tiny import tiny_folder
 
         return tiny_folder(progress), "tiny"
+    if model == "smollm2-shaped":
+        from engine.weights.tiny import shaped_folder
+
+        return shaped_folder(progress), "smollm2-shaped"
     path = Path(model).expanduser()
     if not path.exists():
-        raise FileNotFoundError(f"--model {model!r}: no such file or folder (use smollm2, tiny, a .gguf file or an HF folder)")
+        raise FileNotFoundError(f"--model {model!r}: no such file or folder (use smollm2, tiny, smollm2-shaped, a .gguf file or an HF folder)")
     if path.is_file():
         if path.suffix != ".gguf":
             raise ValueError(f"--model {model!r}: a file must be a .gguf; a Hugging Face model is a folder")

@@ -55,10 +55,29 @@ def tiny_state_dict(cfg: ModelConfig, seed: int = TINY_SEED) -> dict:
     return state
 
 
+def smollm2_shaped_config() -> ModelConfig:
+    # SmolLM2-135M-Instruct's shapes (its config.json): a model with its speed and no download.
+    return ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
+                       num_heads=9, num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5,
+                       rope_theta=100000.0, max_position_embeddings=8192, tie_word_embeddings=True,
+                       bos_token_id=1, eos_token_ids=(2,))
+
+
+def shaped_folder(progress=print) -> Path:
+    """`--model smollm2-shaped`: seeded random weights in SmolLM2-135M's shapes, its real tokenizer.
+    For measuring speed where the real weights cannot travel (a GPU machine with no network and
+    a 64 MiB carry limit: the GGUF is 94 MiB); every step costs what it costs with SmolLM2."""
+    return _random_folder(f"smollm2-shaped-v{TINY_VERSION}", smollm2_shaped_config(), progress)
+
+
 def tiny_folder(progress=print) -> Path:
+    return _random_folder(f"tiny-v{TINY_VERSION}", tiny_config(), progress)
+
+
+def _random_folder(name: str, cfg: ModelConfig, progress) -> Path:
     from engine.weights.fetch import cache_dir, publish_folder, smollm2_tokenizer_folder, temp_sibling
 
-    folder = cache_dir() / "models" / f"tiny-v{TINY_VERSION}"
+    folder = cache_dir() / "models" / name
     if (folder / "model.safetensors").is_file():
         return folder
     from safetensors.torch import save_file
@@ -68,8 +87,10 @@ def tiny_folder(progress=print) -> Path:
     tmp.mkdir(parents=True, exist_ok=True)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tok_folder / name, tmp / name)
-    cfg = tiny_config()
-    save_file(tiny_state_dict(cfg), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    state = tiny_state_dict(cfg)
+    if cfg.tie_word_embeddings:
+        del state["lm_head.weight"]
+    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(cfg.to_hf(), indent=1))
     publish_folder(tmp, folder, "model.safetensors")
     return folder

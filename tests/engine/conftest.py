@@ -1,8 +1,16 @@
-"""Engine test fixtures: the tiny model folder (built once into the cache) and engine factories."""
+"""Engine test fixtures: the tiny model folder (built once into the cache) and engine factories.
+
+GOODPUT_TEST_DEVICE=cuda runs the engine and its transformers reference on a GPU
+(scripts/gpu_check.sh does); the default is the CPU.
+"""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+TEST_DEVICE = os.environ.get("GOODPUT_TEST_DEVICE", "cpu")
 
 import engine  # noqa: F401  (sets OMP_WAIT_POLICY=PASSIVE before torch loads; see engine/__init__.py)
 
@@ -37,6 +45,7 @@ def make_engine(tiny_state, tiny_tokenizer):
     def make(**kwargs):
         kwargs.setdefault("max_model_len", 1024)
         kwargs.setdefault("num_threads", 2)
+        kwargs.setdefault("device", TEST_DEVICE)
         cfg, state = tiny_state
         return LLMEngine(cfg, state, EngineConfig(**kwargs), tiny_tokenizer)
 
@@ -49,5 +58,14 @@ def hf_tiny(tiny_folder):
     import torch
     from transformers import LlamaForCausalLM
 
-    model = LlamaForCausalLM.from_pretrained(tiny_folder, torch_dtype=torch.float32)
-    return model.eval()
+    model = LlamaForCausalLM.from_pretrained(tiny_folder, dtype=torch.float32)
+    return model.to(TEST_DEVICE).eval()
+
+
+@pytest.fixture(scope="session")
+def hf_tiny_bf16(tiny_folder):
+    """The same reference in bfloat16 (transformers' own bfloat16 maths)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    return LlamaForCausalLM.from_pretrained(tiny_folder, dtype=torch.bfloat16).to(TEST_DEVICE).eval()

@@ -12,10 +12,18 @@ from tests.support import goodput_command
 
 def test_bench_engine_json_is_consistent(tmp_path):
     out = tmp_path / "bench.json"
-    r = subprocess.run(goodput_command("bench", "engine", "--model", "tiny", "--quick", "--json", str(out)),
-                       capture_output=True, text=True, timeout=240)
+    r = subprocess.run(goodput_command("bench", "engine", "--model", "tiny", "--quick", "--dtype", "both",
+                                       "--json", str(out)), capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
-    res = json.loads(out.read_text())
+    doc = json.loads(out.read_text())
+    assert doc["dtypes"] == ["float32", "bfloat16"]
+    res, bf = doc["runs"]
+    # bfloat16 halves the bytes a decode step reads, and its compute floor uses a bfloat16 matmul.
+    assert bf["weight_bytes"] * 2 == res["weight_bytes"] == res["model_params"] * 4
+    assert bf["machine"]["matmul_dtype"] == "bfloat16" and res["machine"]["matmul_dtype"] == "float32"
+    assert bf["floors"]["decode_step_s"] == pytest.approx(bf["weight_bytes"] / (bf["machine"]["memory_read_gb_s"] * 1e9))
+    assert bf["floors"]["prefill_s_per_token"] == pytest.approx(2 * bf["model_params"] / (bf["machine"]["matmul_gflop_s"] * 1e9))
+    assert "side by side" in r.stdout and "bfloat16 / float32" in r.stdout
     m, f = res["machine"], res["floors"]
     # Floors are derived from rates measured in this same run.
     assert f["decode_step_s"] == pytest.approx(res["weight_bytes"] / (m["memory_read_gb_s"] * 1e9))

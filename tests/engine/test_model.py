@@ -20,10 +20,9 @@ def prompts(tokenizer) -> list[list[int]]:
 
 
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                             max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    from engine.parity import hf_greedy as greedy
+
+    return greedy(model, prompt, n)
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +35,7 @@ def test_logits_match_transformers(make_engine, hf_tiny, tiny_tokenizer):
     engine = make_engine(num_blocks=64)
     ours = engine.runner.logits(ids)
     with torch.no_grad():
-        ref = hf_tiny(torch.tensor([ids])).logits[0]
+        ref = hf_tiny(torch.tensor([ids], device=hf_tiny.device)).logits[0]
     # Same weights, same float32 maths up to summation order: the bound is 1e-3.
     assert ours.shape == ref.shape == (len(ids), 49152)
     assert (ours - ref).abs().max().item() < 1e-3
@@ -98,5 +97,6 @@ def test_projection_paths_agree(rows):
         pytest.skip("this torch has no MKL packed GEMM")
     g = torch.Generator().manual_seed(rows)
     w_t, x = torch.randn(64, 300, generator=g), torch.randn(rows, 64, generator=g)
-    # Packed (17..32 rows, padded to 32) or plain, every row count gives x @ W_t.
-    assert torch.allclose(Proj(w_t, packed=True)(x), x @ w_t, atol=1e-4)
+    # Packed (17..32 rows, padded to 32) or plain, every row count gives x @ W_t. Proj takes the
+    # checkpoint's (out, in) weight, as F.linear does.
+    assert torch.allclose(Proj(w_t.t(), packed=True)(x), x @ w_t, atol=1e-4)

@@ -15,8 +15,10 @@ from tests.support import ServerProcess, free_port, goodput_command
 def server():
     port = free_port()
     # 64 blocks x 16 = 1024 tokens of KV: small enough that a leak would show in the usage gauge.
+    # float32 pinned: --dtype auto may pick bfloat16 on some CPUs, where a batched step rounds
+    # differently from a lone one and concurrent streams would not equal one-at-a-time ones.
     proc = ServerProcess(goodput_command("engine", "serve", "--model", "tiny", "--port", str(port),
-                                         "--num-blocks", "64", "--max-model-len", "2048"),
+                                         "--num-blocks", "64", "--max-model-len", "2048", "--dtype", "float32"),
                          f"http://127.0.0.1:{port}/health", timeout=120, name="engine-tiny")
     try:
         yield f"http://127.0.0.1:{port}"
@@ -137,6 +139,9 @@ def test_models_health_and_metric_names(server):
                  "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
                  "vllm:e2e_request_latency_seconds_bucket"):
         assert f'{name}{{' in text, name
+    assert metric(server, "vllm:cache_config_info", block_size="16", cache_dtype="float32", num_gpu_blocks="64") == 1
+    assert metric(server, "goodput:engine_dtype_info", model_name="tiny", dtype="float32", requested="float32",
+                  reason="requested") == 1
 
 
 @pytest.mark.slow
