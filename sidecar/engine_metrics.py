@@ -190,6 +190,9 @@ class EngineCollector:
     def up(self) -> bool:
         return self._up == 1.0
 
+    def prefill_seconds_per_token(self, model: str) -> float | None:
+        return self._snapshot.prefill_seconds_per_token(model)
+
     def collect(self):
         up = GaugeMetricFamily("goodput_engine_up", "1 if the last scrape of the upstream's /metrics succeeded.")
         up.add_metric([], self._up)
