@@ -1,6 +1,10 @@
 """The engine's /metrics under vLLM's own names (label model_name), so the sidecar treats the
 bundled engine exactly like vLLM. Updated from the engine loop thread (prometheus_client is
-thread-safe); counters mirror the engine's cumulative counts by adding the difference."""
+thread-safe); counters mirror the engine's cumulative counts by adding the difference.
+
+Only names current vLLM exports: none of those it removed (`gpu_cache_usage_perc`,
+`gpu_prefix_cache_*` by vLLM #29330, `time_per_output_token_seconds` by #32661); the sidecar
+still reads those from older vLLM servers."""
 
 from __future__ import annotations
 
