@@ -88,7 +88,7 @@ class _ModelTotals:
 
 class Advisor:
     def __init__(self, window: int = 256, max_span_tokens: float = 64, min_run_tokens: float = 32,
-                 min_share: float = 0.2, max_tenants: int = 32,
+                 min_share: float = 0.2, max_tenants: int = 8,
                  prefill_rate: Callable[[str], float | None] | None = None):
         if window < 0 or max_span_tokens <= 0 or min_run_tokens <= 0 or not 0 < min_share <= 1:
             raise ValueError("advice: window >= 0 (0 = unbounded), max_span_tokens > 0, min_run_tokens > 0, "
