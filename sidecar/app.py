@@ -2,7 +2,7 @@
 
 `make_app(config, registry, tracer_provider)` builds it with injected back-ends; `server.py`
 serves it with aiohttp's low-level server (no router or middleware on the hot path). The
-sidecar's own paths are /healthz, /readyz and /metrics; everything else goes to the upstream,
+sidecar's own paths are /healthz, /readyz, /metrics and /advice; everything else goes to the upstream,
 and POSTs to .../chat/completions and .../completions are measured. Measured requests go through
 `sidecar.upstream` (protocol-level client, tokens relayed from data_received); the rest, health
 probes and engine scrapes through an aiohttp ClientSession.
