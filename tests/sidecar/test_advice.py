@@ -120,20 +120,21 @@ def test_nothing_of_the_prompt_text_is_kept_or_reported():
 
 
 def test_cost_per_request_on_the_hot_path():
-    """The sidecar runs this once per request after the response went out. Measured here on a
-    1,000-token prompt; the bound is loose (a shared, loaded 2-core machine measures 60-400 µs)
-    so that it fails only if the per-chunk work stops being C (splitlines, hash, accumulate,
-    dict.update) or the window is scanned per request."""
+    """The sidecar runs this once per request after the response went out. Measured here on the
+    worked example's 1,270-token prompt as the least of 20 rounds of 10 requests (the machine is
+    shared: the least is the cost without contention). The bound is loose so that it fails only if
+    the per-chunk work stops being C (splitlines, hash, accumulate, dict.update) or the window is
+    scanned per request."""
+    import timeit
+
     advisor = Advisor()
-    bodies = [{"messages": worked_example(uuid.uuid4().hex)} for _ in range(300)]
-    for body in bodies[:100]:
-        advisor.observe("m", None, render(body), 1000)
-    start = time.perf_counter()
-    for body in bodies[100:]:
-        advisor.observe("m", None, render(body), 1000)
-    per_request = (time.perf_counter() - start) / 200
-    print(f"advice cost: {per_request * 1e6:.0f} µs per 1,000-token request (render + analyse + add)")
-    assert per_request < 2e-3
+    bodies = iter([{"messages": worked_example(uuid.uuid4().hex)} for _ in range(300)])
+    for _ in range(100):
+        advisor.observe("m", None, render(next(bodies)), 1270)
+    rounds = timeit.repeat(lambda: advisor.observe("m", None, render(next(bodies)), 1270), number=10, repeat=20)
+    per_request = min(rounds) / 10
+    print(f"advice cost: {per_request * 1e6:.0f} µs per 1,270-token request (render + analyse + add)")
+    assert per_request < 1e-3
 
 
 def _trace_block_reuse(limit: int, block: int = 512) -> float:
