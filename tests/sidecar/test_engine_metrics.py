@@ -1,7 +1,8 @@
 """The engine scraper on real exposition text: vLLM (current and older names), SGLang, the bundled engine.
 
 bundled_engine.txt was captured from `goodput engine serve --model tiny` after three requests;
-the vLLM and SGLang files follow those servers' exposition (HELP/TYPE lines, model_name and
+the vLLM and SGLang files (sglang_cached.txt: the newer names for cached tokens and queue time)
+follow those servers' exposition (HELP/TYPE lines, model_name and
 engine / tp_rank labels, histograms and info series the scraper must skip).
 """
 
@@ -149,3 +150,19 @@ def test_scrape_of_a_live_upstream_and_of_a_dead_one(sidecars, tmp_path, start_s
     dead = sidecars.start("http://127.0.0.1:9", models=(LLAMA,))     # port 9: nothing listens
     assert dead.call(dead.app.scrape_once()) is False
     assert dead.value("goodput_engine_up") == 0.0
+
+
+def test_collector_exports_the_ttft_split_of_the_bundled_engine():
+    registry = CollectorRegistry()
+    collector = EngineCollector()
+    registry.register(collector)
+    collector.update(snap("bundled_engine.txt", models=("tiny",)))
+    get = registry.get_sample_value
+    assert get("goodput_engine_prompt_tokens_cached_total", {"model": "tiny"}) == 48.0
+    assert get("goodput_engine_prompt_tokens_computed_total", {"model": "tiny"}) == 69.0
+    for part in ("queue", "prefill", "decode"):
+        assert get(f"goodput_engine_{part}_time_seconds_count", {"model": "tiny"}) == 3.0
+        assert get(f"goodput_engine_{part}_time_seconds_bucket", {"model": "tiny", "le": "+Inf"}) == 3.0
+    # vLLM's buckets pass through unchanged (0.3 s is its first request-latency bucket).
+    assert get("goodput_engine_queue_time_seconds_bucket", {"model": "tiny", "le": "0.3"}) == 3.0
+    assert collector.prefill_seconds_per_token("tiny") > 0
