@@ -110,7 +110,9 @@ def test_nothing_of_the_prompt_text_is_kept_or_reported():
     ids = [uuid.uuid4().hex for _ in range(20)]
     for rid in ids:
         advisor.observe("m", "acme", render({"messages": worked_example(rid)}))
-    state = repr(advisor.__dict__) + repr(advisor._groups) + json.dumps(advisor.report())
+    # Everything the advisor holds (windows' tables included) and everything it reports.
+    state = repr(advisor.__dict__) + json.dumps(advisor.report())
+    state += "".join(repr(vars(g.window)) + repr(list(g.recent)) for g in advisor._groups.values())
     from prometheus_client import CollectorRegistry, generate_latest
     registry = CollectorRegistry()
     registry.register(advisor)
