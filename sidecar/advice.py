@@ -31,6 +31,7 @@ import hashlib
 import os
 import secrets
 import sys
+from array import array
 from dataclasses import dataclass
 from itertools import accumulate, count, repeat
 from operator import xor
@@ -49,8 +50,8 @@ def _keyed_hasher():
         return hash
     key = secrets.token_bytes(16)
 
-    def blake(chunk) -> int:
-        data = chunk.encode() if isinstance(chunk, str) else repr(chunk).encode()
+    def blake(chunk: str | bytes) -> int:
+        data = chunk.encode() if isinstance(chunk, str) else chunk
         return int.from_bytes(hashlib.blake2b(data, key=key, digest_size=8).digest(), "little", signed=True)
     return blake
 
@@ -94,13 +95,15 @@ def chunk_text(text: str) -> Chunks:
 
 def chunk_ids(ids, lengths) -> Chunks:
     """Chunks given by id already (a trace's block hash ids), with their token lengths."""
-    return Chunks(tuple(_hash(i) for i in ids), tuple(lengths))
+    return Chunks(tuple(_hash(str(i)) for i in ids), tuple(lengths))
 
 
 def chunk_token_ids(tokens: list[int]) -> Chunks:
+    # As bytes: Python's int and tuple hashes are not keyed, its str and bytes hashes are.
     n = _TOKEN_IDS_PER_CHUNK
-    parts = [tuple(tokens[i:i + n]) for i in range(0, len(tokens), n)]
-    return Chunks(tuple(map(_hash, parts)), tuple(map(len, parts)))
+    parts = [tokens[i:i + n] for i in range(0, len(tokens), n)]
+    keys = tuple(_hash(array("q", part).tobytes()) for part in parts)
+    return Chunks(keys, tuple(map(len, parts)))
 
 
 def render(body: dict) -> Chunks | None:

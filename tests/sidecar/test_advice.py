@@ -241,3 +241,21 @@ def test_worked_example_through_the_sidecar(sidecars, engine):
     metrics = httpx.get(live.url + "/metrics").text
     assert live.value("goodput_prompt_volatile_span_requests_total", model="tiny") >= 38
     assert not any(rid in metrics + json.dumps(advice) for rid in ids) and "harbour authority" not in metrics
+
+
+@pytest.mark.parametrize("hashseed", [None, "0"])
+def test_chunk_hashes_are_keyed_per_process(hashseed):
+    """The same text hashes differently in two processes, even where PYTHONHASHSEED fixes
+    Python's own key (then keyed BLAKE2b with a per-process secret takes over): nothing outside
+    the process can confirm a guessed prompt from a hash."""
+    import os
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+    if hashseed is not None:
+        env["PYTHONHASHSEED"] = hashseed
+    code = ("from sidecar.advice import chunk_text, chunk_token_ids; "
+            "print(chunk_text('Request id: 42\\nThe same line.\\n').hashes, chunk_token_ids([1, 2, 3]).hashes)")
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60).stdout
+            for _ in range(2)]
+    assert runs[0] and runs[0] != runs[1]
