@@ -66,8 +66,13 @@ def feed_line(advisor, doc: dict, block: int) -> bool:
 def advise_cmd(args: argparse.Namespace) -> int:
     from sidecar.advisor import Advisor
 
-    if args.block_tokens < 1:
-        raise UsageError("--block-tokens must be >= 1")
+    for flag, value, ok in (("--block-tokens", args.block_tokens, args.block_tokens >= 1),
+                            ("--window", args.window, args.window >= 0),
+                            ("--limit", args.limit, args.limit is None or args.limit >= 1),
+                            ("--max-span-tokens", args.max_span_tokens, args.max_span_tokens > 0),
+                            ("--min-run-tokens", args.min_run_tokens, args.min_run_tokens > 0)):
+        if not ok:
+            raise UsageError(f"{flag} {value}: must be {'>= 0 (0 = every earlier request)' if flag == '--window' else '> 0'}")
     if args.prefill_tokens_per_second is not None and args.prefill_tokens_per_second <= 0:
         raise UsageError("--prefill-tokens-per-second must be > 0")
     rate = 1.0 / args.prefill_tokens_per_second if args.prefill_tokens_per_second else None
