@@ -43,8 +43,21 @@ _SIDECAR = [
     Metric("goodput_engine_preemptions_total", "counter", ("model",), "sidecar"),
     Metric("goodput_engine_prefix_cache_queries_total", "counter", ("model",), "sidecar"),
     Metric("goodput_engine_prefix_cache_hits_total", "counter", ("model",), "sidecar"),
+    Metric("goodput_engine_queue_time_seconds", "histogram", ("model",), "sidecar"),
+    Metric("goodput_engine_prefill_time_seconds", "histogram", ("model",), "sidecar"),
+    Metric("goodput_engine_decode_time_seconds", "histogram", ("model",), "sidecar"),
+    Metric("goodput_engine_prompt_tokens_cached_total", "counter", ("model",), "sidecar"),
+    Metric("goodput_engine_prompt_tokens_computed_total", "counter", ("model",), "sidecar"),
     Metric("goodput_engine_up", "gauge", (), "sidecar"),
     Metric("goodput_draining", "gauge", (), "sidecar"),
+    # Prompt-layout advice (sidecar/advisor.py): token counts are estimates, never text.
+    Metric("goodput_prompt_requests_total", "counter", ("model",), "sidecar"),
+    Metric("goodput_prompt_tokens_total", "counter", ("model",), "sidecar"),
+    Metric("goodput_prompt_prefix_reusable_tokens_total", "counter", ("model",), "sidecar"),
+    Metric("goodput_prompt_volatile_span_requests_total", "counter", ("model",), "sidecar"),
+    Metric("goodput_prompt_movable_tokens_total", "counter", ("model",), "sidecar"),
+    Metric("goodput_prompt_ttft_saving_seconds_total", "counter", ("model",), "sidecar"),
+    Metric("goodput_prompt_volatile_span_offset_tokens", "histogram", ("model",), "sidecar"),
 ]
 
 _FORECASTER = [

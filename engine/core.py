@@ -16,7 +16,7 @@ import torch
 from engine.config import EngineConfig, ModelConfig
 from engine.dtype import DtypeChoice, choose_dtype
 from engine.kv_manager import KVCacheManager
-from engine.request import Request, SamplingParams
+from engine.request import Request, RequestTimes, SamplingParams
 from engine.runner import ModelRunner
 from engine.scheduler import Scheduler
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -39,6 +39,7 @@ class RequestOutput:
     num_prompt_tokens: int
     num_output_tokens: int
     num_cached_tokens: int
+    times: RequestTimes | None = None   # set on the finishing output only
 
 
 class _OutputState:
@@ -72,6 +73,7 @@ class LLMEngine:
         self._out: dict[str, _OutputState] = {}
         self.num_generation_tokens = 0
         self.num_prompt_tokens = 0
+        self.num_step_tokens = 0      # tokens computed by the last step (vllm:iteration_tokens_total)
 
     @classmethod
     def from_folder(cls, folder: Path, cfg: EngineConfig, dtype_choice: DtypeChoice | None = None) -> "LLMEngine":
@@ -114,6 +116,7 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         sched = self.scheduler.schedule()
+        self.num_step_tokens = sched.num_tokens
         reqs = self.scheduler.requests
         sampled = self.runner.execute(sched, {s.request_id: reqs[s.request_id].params for s in sched.seqs})
         outputs = []
@@ -126,6 +129,9 @@ class LLMEngine:
 
     def _process(self, req: Request, token: int) -> RequestOutput:
         st, p = self._out[req.request_id], req.params
+        now = time.monotonic()
+        if req.first_token_time is None:
+            req.first_token_time = now
         reason = None
         if not p.ignore_eos and token in self.eos_ids:
             reason = "stop"
@@ -146,6 +152,9 @@ class LLMEngine:
         out = RequestOutput(req.request_id, [token], delta, reason is not None, reason, len(req.prompt_token_ids),
                             len(req.output_token_ids), req.num_cached_tokens)
         if reason is not None:
+            scheduled = req.scheduled_time if req.scheduled_time is not None else req.arrival_time
+            out.times = RequestTimes(scheduled - req.arrival_time, req.first_token_time - scheduled,
+                                     now - req.first_token_time)
             self.scheduler.finish(req.request_id, reason)
             self._out.pop(req.request_id, None)
             self.runner.sampler.forget(req.request_id)

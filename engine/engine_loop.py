@@ -102,6 +102,7 @@ class EngineLoop:
             self.num_steps += 1
             self._deliver(outputs)
             if self.metrics:
+                self.metrics.step_done(self.engine.num_step_tokens)
                 self.metrics.update_engine(self.engine)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
@@ -115,6 +116,7 @@ class EngineLoop:
                 m = self.metrics.model_name
                 if stream.first_token is None:
                     self.metrics.ttft.labels(m).observe(now - stream.arrival)
+                    self.metrics.first_token(out.num_cached_tokens)
                 else:
                     self.metrics.itl.labels(m).observe(now - stream.last_token)
             if stream.first_token is None:
@@ -124,7 +126,8 @@ class EngineLoop:
                 del self._streams[out.request_id]
                 if self.metrics:
                     self.metrics.request_finished(out.finish_reason, now - stream.arrival,
-                                                  out.num_prompt_tokens, out.num_output_tokens)
+                                                  out.num_prompt_tokens, out.num_output_tokens,
+                                                  out.times, out.num_cached_tokens)
             batches.setdefault(stream.loop, []).append((stream.queue, out))
         for loop, items in batches.items():
             loop.call_soon_threadsafe(_put_all, items)

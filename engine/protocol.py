@@ -121,6 +121,16 @@ def usage(prompt: int, completion: int, cached: int) -> dict:
             "prompt_tokens_details": {"cached_tokens": cached}}
 
 
+def timings(times, prompt: int, completion: int, cached: int) -> dict | None:
+    """Per-request timings in llama.cpp's `timings` shape (prompt_n = prompt tokens computed,
+    cache_n = served from the prefix cache, *_ms durations), plus `queue_ms`, which llama.cpp
+    lacks: vLLM users ask for exactly this split per request (vllm#40076)."""
+    if times is None:
+        return None
+    return {"queue_ms": times.queue * 1e3, "prompt_n": prompt - cached, "cache_n": cached,
+            "prompt_ms": times.prefill * 1e3, "predicted_n": completion, "predicted_ms": times.decode * 1e3}
+
+
 def chunk(req_id: str, model: str, chat: bool, created: int, *, text: str | None = None, role: bool = False,
           finish_reason: str | None = None) -> dict:
     if chat:

@@ -57,6 +57,10 @@ class Request:
     # Tokens served from the prefix cache when the request (last) started.
     num_cached_tokens: int = 0
     num_preemptions: int = 0
+    # When the scheduler first ran it and when its first token was sampled (monotonic): vLLM's
+    # scheduled_ts and first_token_ts, for the queue / prefill / decode split.
+    scheduled_time: float | None = None
+    first_token_time: float | None = None
     status: Status = Status.WAITING
     finish_reason: str | None = None
 
@@ -67,3 +71,16 @@ class Request:
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+
+@dataclass(frozen=True)
+class RequestTimes:
+    """Where a finished request's time went, as vLLM splits it (seconds): queue = first scheduled
+    - arrival, prefill = first token - first scheduled, decode = last token - first token."""
+    queue: float
+    prefill: float
+    decode: float
+
+    @property
+    def inference(self) -> float:
+        return self.prefill + self.decode

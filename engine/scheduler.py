@@ -9,6 +9,7 @@ goes to the front of the waiting queue to be recomputed later.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -112,6 +113,8 @@ class Scheduler:
             table = self.kv.allocate(req.request_id, computed + n, hits, req.all_token_ids, req.salt)
             req.num_computed_tokens = computed
             req.num_cached_tokens = computed
+            if req.scheduled_time is None:   # a preempted request keeps its first start (vLLM)
+                req.scheduled_time = time.monotonic()
             req.status = Status.RUNNING
             self.running.append(req)
             scheduled.append((req, n, table))

@@ -89,6 +89,13 @@ def make_app(loop: EngineLoop, served_names: list[str], registry: CollectorRegis
     return app
 
 
+def _with_timings(obj: dict, out) -> dict:
+    t = protocol.timings(out.times, out.num_prompt_tokens, out.num_output_tokens, out.num_cached_tokens)
+    if t is not None:
+        obj["timings"] = t
+    return obj
+
+
 def _sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
@@ -111,7 +118,8 @@ async def _stream(loop: EngineLoop, req_id: str, p: protocol.ParsedRequest, queu
                 yield _sse(protocol.chunk(req_id, p.model, p.chat, created, finish_reason=out.finish_reason))
                 if p.include_usage:
                     u = protocol.usage(out.num_prompt_tokens, out.num_output_tokens, out.num_cached_tokens)
-                    yield _sse(protocol.usage_chunk(req_id, p.model, p.chat, created, u))
+                    last = protocol.usage_chunk(req_id, p.model, p.chat, created, u)
+                    yield _sse(_with_timings(last, out))
                 break
         yield "data: [DONE]\n\n"
     finally:
@@ -137,7 +145,8 @@ async def _complete(loop: EngineLoop, request: Request, req_id: str, p: protocol
             parts.append(out.text)
             if out.finished:
                 u = protocol.usage(out.num_prompt_tokens, out.num_output_tokens, out.num_cached_tokens)
-                return protocol.full_response(req_id, p.model, p.chat, "".join(parts), out.finish_reason, u)
+                return _with_timings(protocol.full_response(req_id, p.model, p.chat, "".join(parts),
+                                                            out.finish_reason, u), out)
     except asyncio.CancelledError:
         loop.abort(req_id)
         raise

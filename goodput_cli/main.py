@@ -41,6 +41,7 @@ EXPECTED = {
     "rules generate": ("write the alerting and recording rules", 7),
     "bench engine": ("engine performance against its floors and transformers", 3),
     "bench sidecar": ("sidecar overhead against a direct connection and a bare relay", 9),
+    "advise": ("prompt-layout advice from request records or a trace (offline)", 18),
 }
 
 # Modules that register commands; a module that does not exist yet is skipped.
@@ -51,6 +52,7 @@ PROVIDERS = [
     "forecaster.simulate.cli",
     "dashboards.cli",
     "sidecar.loadgen.cli",
+    "sidecar.advise_cli",
     "goodput_cli.demo",
 ]
 

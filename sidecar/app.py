@@ -2,7 +2,7 @@
 
 `make_app(config, registry, tracer_provider)` builds it with injected back-ends; `server.py`
 serves it with aiohttp's low-level server (no router or middleware on the hot path). The
-sidecar's own paths are /healthz, /readyz and /metrics; everything else goes to the upstream,
+sidecar's own paths are /healthz, /readyz, /metrics and /advice; everything else goes to the upstream,
 and POSTs to .../chat/completions and .../completions are measured. Measured requests go through
 `sidecar.upstream` (protocol-level client, tokens relayed from data_received); the rest, health
 probes and engine scrapes through an aiohttp ClientSession.
@@ -20,6 +20,8 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from sidecar.advice import render as render_prompt
+from sidecar.advisor import Advisor
 from sidecar.config import ProxyConfig
 from sidecar.engine_metrics import EngineCollector, normalise
 from sidecar.metrics import ModelLabels, SidecarMetrics, zero_series
@@ -32,7 +34,7 @@ from sidecar.upstream import UpstreamFailed, UpstreamPool
 
 log = logging.getLogger("goodput.sidecar")
 _clock = time.perf_counter
-OWN_PATHS = ("/healthz", "/readyz", "/metrics")
+OWN_PATHS = ("/healthz", "/readyz", "/metrics", "/advice")
 
 
 def measured_kind(method: str, path: str) -> str | None:
@@ -54,6 +56,8 @@ class Sidecar:
         zero_series(self.metrics, config.models, config.slo)
         self.engine = EngineCollector()
         registry.register(self.engine)
+        self.advisor = Advisor(config.advice_window or 1, prefill_rate=self.engine.prefill_seconds_per_token)
+        registry.register(self.advisor)
         self.tracer = tracer_provider.get_tracer("goodput.sidecar")
         parts = urlsplit(config.upstream)
         self._server_address, self._server_port = parts.hostname or "", parts.port
@@ -137,6 +141,8 @@ class Sidecar:
     async def _own(self, path: str) -> web.Response:
         if path == "/metrics":
             return web.Response(body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        if path == "/advice":
+            return web.json_response(self.advisor.report())
         if path == "/healthz":
             return web.json_response({"status": "alive"})
         if self.draining:
@@ -194,6 +200,7 @@ class Sidecar:
         error_type = None
         cancelled = False
         upstream = None
+        doc = None
         try:
             try:
                 body = await read_body(request, self.config.max_body_bytes)
@@ -257,6 +264,20 @@ class Sidecar:
             verdict = judge(timing, slo, error=error_type if not cancelled else None, cancelled=cancelled)
             self.metrics.finished(label, slo, timing, verdict, in_flight=in_flight)
             span.end(timing, verdict, slo, None if cancelled else error_type, end, capture_output=capture)
+            if doc and self.config.advice_window:
+                self._advise(label, request.headers.get("x-tenant"), doc, timing)
+
+    def _advise(self, label: str, tenant: str | None, doc: dict, timing) -> None:
+        """Prompt-layout advice, after the response went out; never fails the request."""
+        try:
+            chunks = render_prompt(doc)
+            if chunks is not None:
+                computed = (timing.input_tokens - (timing.cached_tokens or 0)
+                            if timing.input_tokens is not None else None)
+                self.advisor.observe(label, tenant, chunks, timing.input_tokens, prefill_seconds=timing.engine_prefill,
+                                     computed_tokens=computed)
+        except Exception:   # noqa: BLE001 - advice is best effort, the request is already served
+            log.exception("prompt-layout advice failed")
 
     # ---- engine signals ----------------------------------------------------------------------
     async def scrape_once(self) -> bool:

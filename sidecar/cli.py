@@ -27,6 +27,9 @@ def register(registry) -> None:
                    help="seconds without a byte from the upstream before 504 / a stream error (default 600)")
     p.add_argument("--capture-content", action="store_true",
                    help="record prompt and completion text in spans (off by default; never the Authorization header)")
+    p.add_argument("--advice-window", type=int, default=256,
+                   help="recent prompts per model and tenant compared for prompt-layout advice (/advice, "
+                        "goodput_prompt_*; keyed hashes only, never text; 0 = off; default 256)")
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
 
     b = registry.command("bench sidecar", "sidecar overhead against a direct connection and a bare relay", bench_cmd)
@@ -48,7 +51,7 @@ def build_config(args: argparse.Namespace):
         return ProxyConfig(upstream=args.upstream, host=args.host, port=args.port, slo=slo, models=models,
                            engine_metrics_interval=args.engine_metrics_interval, drain_timeout=args.drain_timeout,
                            max_body_bytes=args.max_body_bytes, capture_content=args.capture_content,
-                           read_timeout=args.upstream_timeout)
+                           read_timeout=args.upstream_timeout, advice_window=args.advice_window)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

@@ -167,6 +167,7 @@ class ProxyConfig:
     connect_timeout: float = 5.0
     read_timeout: float = 600.0              # no upstream byte for this long -> 504
     inject_usage: bool = True                # ask for usage on streams, strip it unless the client asked
+    advice_window: int = 256                 # prompts per model and tenant for /advice (0 = off)
 
     def __post_init__(self):
         from urllib.parse import urlsplit
@@ -182,5 +183,7 @@ class ProxyConfig:
             raise ValueError(f"--drain-timeout must be >= 0 seconds, got {self.drain_timeout}")
         if self.max_body_bytes <= 0:
             raise ValueError(f"--max-body-bytes must be > 0, got {self.max_body_bytes}")
+        if self.advice_window < 0:
+            raise ValueError(f"--advice-window must be >= 0 prompts (0 = off), got {self.advice_window}")
         if self.read_timeout <= 0 or self.connect_timeout <= 0:
             raise ValueError("upstream timeouts must be > 0 seconds")

@@ -4,7 +4,14 @@ Understands vLLM's current names (`vllm:kv_cache_usage_perc`, `vllm:prefix_cache
 ones (`vllm:gpu_cache_usage_perc`, `vllm:gpu_prefix_cache_*`), SGLang's (`sglang:num_queue_reqs`,
 `sglang:num_running_reqs`, `sglang:token_usage`), and the bundled engine (vLLM names). Series of one model are combined over other labels (data-parallel `engine`
 ranks, tp ranks): counts and counters are summed, the KV-cache ratio is averaged, since each
-rank owns its own equal share of the cache. SGLang exposes prefix-cache hits only as a
+rank owns its own equal share of the cache.
+
+Where TTFT goes: vLLM's per-request histograms `vllm:request_{queue,prefill,decode}_time_seconds`
+(the bundled engine exports them too) and SGLang's `sglang:queue_time_seconds` are re-exported as
+`goodput_engine_{queue,prefill,decode}_time_seconds`, buckets as the engine has them, summed per
+`le` over ranks. Prompt tokens split into cached (`vllm:prompt_tokens_cached_total`,
+`sglang:cached_tokens_total` over every cache source) and computed (prompt tokens minus cached,
+both counted at prefill by the engine). SGLang exposes prefix-cache hits only as a
 `cache_hit_rate` gauge and retractions (its preemptions) only as a gauge of the last interval;
 neither can become a counter, so those series are absent for SGLang rather than made up.
 """
@@ -14,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.metrics import ModelLabels
@@ -33,6 +40,20 @@ SOURCES: dict[str, tuple[str, str]] = {
     "sglang:num_queue_reqs": ("requests_waiting", "sum"),
     "sglang:num_running_reqs": ("requests_running", "sum"),
     "sglang:token_usage": ("kv_cache_usage_ratio", "mean"),
+    "vllm:prompt_tokens_total": ("prompt_tokens", "sum"),
+    "vllm:prompt_tokens_cached_total": ("prompt_tokens_cached", "sum"),
+    "sglang:prompt_tokens_total": ("prompt_tokens", "sum"),
+    "sglang:cached_tokens_total": ("prompt_tokens_cached", "sum"),
+    # Not exported: with the prefill histogram's sum, the engine's prefill seconds per computed token.
+    "vllm:request_prefill_kv_computed_tokens_sum": ("prefill_computed_tokens", "sum"),
+}
+
+# source histogram family -> goodput signal
+HISTOGRAM_SOURCES: dict[str, str] = {
+    "vllm:request_queue_time_seconds": "queue_time",
+    "vllm:request_prefill_time_seconds": "prefill_time",
+    "vllm:request_decode_time_seconds": "decode_time",
+    "sglang:queue_time_seconds": "queue_time",
 }
 
 # goodput signal -> (exported family name, type, help)
@@ -43,9 +64,27 @@ SIGNALS: dict[str, tuple[str, str, str]] = {
     "preemptions": ("goodput_engine_preemptions", "counter", "Requests the engine preempted (vLLM and the bundled engine)."),
     "prefix_cache_queries": ("goodput_engine_prefix_cache_queries", "counter", "Prompt tokens looked up in the prefix cache."),
     "prefix_cache_hits": ("goodput_engine_prefix_cache_hits", "counter", "Prompt tokens found in the prefix cache."),
+    "prompt_tokens_cached": ("goodput_engine_prompt_tokens_cached", "counter",
+                             "Prompt tokens the engine served from its prefix cache (prefill skipped)."),
+    "prompt_tokens_computed": ("goodput_engine_prompt_tokens_computed", "counter",
+                               "Prompt tokens the engine computed in prefill (not cached)."),
+    "queue_time": ("goodput_engine_queue_time_seconds", "histogram",
+                   "Per request: time waiting in the engine before first scheduled."),
+    "prefill_time": ("goodput_engine_prefill_time_seconds", "histogram",
+                     "Per request: time from first scheduled to first token (prefill of the uncached tokens)."),
+    "decode_time": ("goodput_engine_decode_time_seconds", "histogram", "Per request: time from first to last token."),
 }
 
 MODEL_LABELS = ("model_name", "model")
+
+
+@dataclass
+class HistogramValue:
+    """One model's histogram: cumulative counts per upper bound (as exposed, `+Inf` included)."""
+
+    buckets: dict[float, float] = field(default_factory=dict)
+    sum: float = 0.0
+    count: float = 0.0
 
 
 @dataclass
@@ -53,7 +92,17 @@ class EngineSnapshot:
     """The normalised values of one scrape: signal -> model label -> value."""
 
     values: dict[str, dict[str, float]] = field(default_factory=dict)
+    histograms: dict[str, dict[str, HistogramValue]] = field(default_factory=dict)
     flavour: str | None = None       # vllm | sglang | None (nothing recognised)
+
+    def prefill_seconds_per_token(self, model: str) -> float | None:
+        """The engine's measured prefill time per computed prompt token (vLLM and the bundled
+        engine export both sides); None where the engine does not."""
+        hist = self.histograms.get("prefill_time", {}).get(model)
+        tokens = self.values.get("prefill_computed_tokens", {}).get(model)
+        if hist is None or not tokens:
+            return None
+        return hist.sum / tokens
 
 
 def normalise(text: str, models: ModelLabels, single_model: str | None = None) -> EngineSnapshot:
@@ -65,7 +114,13 @@ def normalise(text: str, models: ModelLabels, single_model: str | None = None) -
     sums: dict[tuple[str, str], list[float]] = {}
     how: dict[str, str] = {}
     flavour = None
+    hists: dict[tuple[str, str], HistogramValue] = {}
     for family in text_string_to_metric_families(text):
+        hist_signal = HISTOGRAM_SOURCES.get(family.name)
+        if hist_signal is not None and family.type == "histogram":
+            flavour = flavour or family.name.split(":", 1)[0]
+            _add_histogram(family, hist_signal, hists, models, single_model)
+            continue
         for sample in family.samples:
             source = SOURCES.get(sample.name)
             if source is None:
@@ -75,15 +130,42 @@ def normalise(text: str, models: ModelLabels, single_model: str | None = None) -
             if math.isnan(value):
                 continue
             flavour = flavour or sample.name.split(":", 1)[0]
-            raw_model = next((sample.labels[k] for k in MODEL_LABELS if k in sample.labels), None)
-            model = models.label(raw_model) if raw_model is not None else (single_model or ModelLabels.OTHER)
+            model = _model_of(sample.labels, models, single_model)
             sums.setdefault((signal, model), []).append(value)
             how[signal] = combine
     snap = EngineSnapshot(flavour=flavour)
     for (signal, model), values in sums.items():
         combined = sum(values) / len(values) if how[signal] == "mean" else sum(values)
         snap.values.setdefault(signal, {})[model] = combined
+    for model, prompt in snap.values.get("prompt_tokens", {}).items():
+        cached = snap.values.get("prompt_tokens_cached", {}).get(model)
+        if cached is not None:
+            snap.values.setdefault("prompt_tokens_computed", {})[model] = max(0.0, prompt - cached)
+    for (signal, model), hist in hists.items():
+        snap.histograms.setdefault(signal, {})[model] = hist
     return snap
+
+
+def _model_of(labels: dict, models: ModelLabels, single_model: str | None) -> str:
+    raw_model = next((labels[k] for k in MODEL_LABELS if k in labels), None)
+    return models.label(raw_model) if raw_model is not None else (single_model or ModelLabels.OTHER)
+
+
+def _add_histogram(family, signal: str, hists: dict, models: ModelLabels, single_model: str | None) -> None:
+    """Add one histogram family's series into `hists`, per model, summing ranks bucket by bucket."""
+    for sample in family.samples:
+        value = float(sample.value)
+        if math.isnan(value):
+            continue
+        model = _model_of(sample.labels, models, single_model)
+        hist = hists.setdefault((signal, model), HistogramValue())
+        if sample.name.endswith("_bucket"):
+            le = float(sample.labels["le"])
+            hist.buckets[le] = hist.buckets.get(le, 0.0) + value
+        elif sample.name.endswith("_sum"):
+            hist.sum += value
+        elif sample.name.endswith("_count"):
+            hist.count += value
 
 
 class EngineCollector:
@@ -108,12 +190,19 @@ class EngineCollector:
     def up(self) -> bool:
         return self._up == 1.0
 
+    def prefill_seconds_per_token(self, model: str) -> float | None:
+        return self._snapshot.prefill_seconds_per_token(model)
+
     def collect(self):
         up = GaugeMetricFamily("goodput_engine_up", "1 if the last scrape of the upstream's /metrics succeeded.")
         up.add_metric([], self._up)
         yield up
         snap = self._snapshot
         for signal, (name, kind, help_text) in SIGNALS.items():
+            if kind == "histogram":
+                if snap.histograms.get(signal):
+                    yield _histogram_family(name, help_text, snap.histograms[signal])
+                continue
             per_model = snap.values.get(signal)
             if not per_model:
                 continue
@@ -127,3 +216,19 @@ class EngineCollector:
 
     def describe(self):
         return []
+
+
+def _histogram_family(name: str, help_text: str, per_model: dict[str, HistogramValue]) -> HistogramMetricFamily:
+    fam = HistogramMetricFamily(name, help_text, labels=["model"])
+    for model, hist in sorted(per_model.items()):
+        bounds = sorted(hist.buckets)
+        if not bounds or bounds[-1] != math.inf:   # a truncated exposition: +Inf is the count
+            bounds.append(math.inf)
+            hist.buckets[math.inf] = hist.count
+        buckets = [(_le(b), hist.buckets[b]) for b in bounds]
+        fam.add_metric([model], buckets, hist.sum)
+    return fam
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if bound == math.inf else repr(float(bound))

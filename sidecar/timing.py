@@ -37,6 +37,9 @@ class RequestTiming:
     error_type: str | None = None    # the error's type/code, or "incomplete_stream"
     first_token_at: float | None = None   # perf_counter value of the first content chunk
     output_text: str | None = None   # only when the timer was asked to collect text
+    cached_tokens: int | None = None     # usage.prompt_tokens_details.cached_tokens if seen
+    engine_queue: float | None = None    # the upstream's own per-request split, where it reports one
+    engine_prefill: float | None = None  # (`timings.queue_ms` / `prompt_ms`: bundled engine, llama.cpp)
 
 
 class StreamTimer:
@@ -48,7 +51,8 @@ class StreamTimer:
     """
 
     __slots__ = ("start", "_chat", "_buf", "_first", "_last", "_itl", "_chunks", "_usage", "_finish",
-                 "_error", "_error_type", "_model", "_done", "_body", "_strip", "_texts", "_seen_data")
+                 "_error", "_error_type", "_model", "_done", "_body", "_strip", "_texts", "_seen_data",
+                 "_timings")
 
     def __init__(self, start: float, kind: str, *, strip_usage: bool = False, collect_text: bool = False):
         if kind not in ("chat", "completion"):
@@ -70,6 +74,7 @@ class StreamTimer:
         self._strip = strip_usage
         self._texts: list[str] | None = [] if collect_text else None
         self._seen_data = False
+        self._timings: dict | None = None
 
     # ---- streaming -------------------------------------------------------------------------
     def feed(self, data: bytes, now: float) -> None:
@@ -189,6 +194,9 @@ class StreamTimer:
         usage = obj.get("usage")
         if usage:
             self._usage = usage
+        timings = obj.get("timings")     # llama.cpp sends it on the last chunk, usage or not
+        if type(timings) is dict:
+            self._timings = timings
         choices = obj.get("choices")
         if not choices:
             return bool(usage) and self._strip
@@ -237,6 +245,8 @@ class StreamTimer:
             return
         if obj.get("usage"):
             self._usage = obj["usage"]
+        if type(obj.get("timings")) is dict:
+            self._timings = obj["timings"]
         for choice in obj.get("choices") or ():
             message = choice.get("message") or {}
             text = choice.get("text") or message.get("content")
@@ -267,8 +277,17 @@ class StreamTimer:
         output_tokens = completion if isinstance(completion, int) else self._chunks
         prompt = usage.get("prompt_tokens")
         tpot = (e2e - ttft) / (output_tokens - 1) if ttft is not None and output_tokens > 1 else None
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if type(details) is dict else None
+        timings = self._timings or {}
         return RequestTiming(
             ttft=ttft, e2e=e2e, itl=self._itl, tpot=tpot, output_tokens=output_tokens,
             input_tokens=prompt if isinstance(prompt, int) else None, finish_reasons=self._finish,
             error=error, usage_seen=isinstance(completion, int), model=self._model, error_type=error_type,
-            first_token_at=self._first, output_text="".join(self._texts) if self._texts is not None else None)
+            first_token_at=self._first, output_text="".join(self._texts) if self._texts is not None else None,
+            cached_tokens=cached if type(cached) is int else None, engine_queue=_ms(timings.get("queue_ms")),
+            engine_prefill=_ms(timings.get("prompt_ms")))
+
+
+def _ms(value) -> float | None:
+    return value / 1e3 if type(value) in (int, float) and value >= 0 else None

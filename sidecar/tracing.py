@@ -110,6 +110,14 @@ class RequestSpan:
             attrs["goodput.ttft_seconds"] = attrs["gen_ai.response.time_to_first_chunk"] = timing.ttft
         if timing.tpot is not None:
             attrs["goodput.tpot_seconds"] = timing.tpot
+        # Where the TTFT went, as far as the upstream says: cached prompt tokens (OpenAI usage;
+        # GenAI's cache_read attribute) and its own queue / prefill time per request.
+        if timing.cached_tokens is not None:
+            attrs["gen_ai.usage.cache_read.input_tokens"] = timing.cached_tokens
+        if timing.engine_queue is not None:
+            attrs["goodput.engine.queue_seconds"] = timing.engine_queue
+        if timing.engine_prefill is not None:
+            attrs["goodput.engine.prefill_seconds"] = timing.engine_prefill
         if capture_output and timing.output_text is not None:
             attrs["gen_ai.output.messages"] = timing.output_text[:_CONTENT_LIMIT]
         if error_type is not None:

@@ -74,7 +74,7 @@ async def _one(session: aiohttp.ClientSession, cfg: LoadConfig, req: PlannedRequ
                prompt: str, t0: float, stats: LiveStats) -> RequestRecord:
     url = f"{cfg.base_url}/v1/{'chat/completions' if cfg.endpoint == 'chat' else 'completions'}"
     record = RequestRecord(index=index, scheduled=req.arrival, sent=0.0, input_tokens=req.input_tokens,
-                           max_tokens=req.output_tokens)
+                           max_tokens=req.output_tokens, hash_ids=list(req.hash_ids))
     delay = t0 + req.arrival - time.perf_counter()
     if delay > 0:
         await asyncio.sleep(delay)
@@ -103,6 +103,7 @@ async def _one(session: aiohttp.ClientSession, cfg: LoadConfig, req: PlannedRequ
     record.ttft, record.tpot, record.e2e = timing.ttft, timing.tpot, timing.e2e
     record.itl, record.output_tokens = list(timing.itl), timing.output_tokens
     record.usage_input_tokens, record.error = timing.input_tokens, error
+    record.cached_tokens = timing.cached_tokens
     stats.finished += 1
     stats.good += record.outcome == "good"
     stats.errors += record.outcome == "error"

@@ -35,6 +35,8 @@ class RequestRecord:
     output_tokens: int = 0
     usage_input_tokens: int | None = None
     error: str | None = None
+    cached_tokens: int | None = None   # usage.prompt_tokens_details.cached_tokens, where the server says
+    hash_ids: list[int] = field(default_factory=list)   # the trace's prefix-block ids (for `goodput advise`)
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -41,7 +41,9 @@ def test_sidecar_exposes_every_contract_metric_with_its_type(start_server, port)
 
 def test_contract_lists_every_design_metric_once():
     # DESIGN.md's tables: 19 sidecar metrics and 6 forecaster metrics, plus
-    # goodput_requests_arrived_total (the slo-capacity issue).
-    assert len(contract.by_source("sidecar")) == 20
+    # goodput_requests_arrived_total (the slo-capacity issue), plus the ttft-advice issue's 5
+    # engine series (queue / prefill / decode time, cached / computed prompt tokens) and 7
+    # goodput_prompt_* series.
+    assert len(contract.by_source("sidecar")) == 32
     assert len(contract.by_source("forecaster")) == 6
-    assert len(contract.METRICS) == 26
+    assert len(contract.METRICS) == 38

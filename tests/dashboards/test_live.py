@@ -124,6 +124,17 @@ def test_live_prometheus_evaluates_every_query_and_rule(start_server, tmp_path):
                     missing.append(f"{uid} / {q.panel}: {q.expr}")
         assert not missing, "dashboard queries without data:\n" + "\n".join(missing)
 
+        # "Where TTFT goes" shows all three parts with real values: queue, prefill of the uncached
+        # tokens, and the prefill the cached tokens skipped (the load repeats one prompt, so its
+        # first 16-token blocks hit the bundled engine's prefix cache).
+        engine_board = json.loads((generate.GENERATED / "goodput-engine.json").read_text())
+        split = [q for q in panel_queries(engine_board, RATE_INTERVAL, window) if q.panel == "Where TTFT goes"]
+        assert [q.legend.split("}} ")[1] for q in split] == ["queue", "prefill of uncached tokens",
+                                                              "cached tokens skipped (est.)"]
+        for q in split:
+            values = [float(v) for s in prom.query_range(q.expr, start, end, 1) for _, v in s["values"]]
+            assert any(v > 0 for v in values if v == v), f"{q.legend}: no positive value in {q.expr}"
+
         # Every rule: recordings exist; alert expressions evaluate; their data parts return data.
         for group in rules.build_groups():
             for rule in group["rules"]:

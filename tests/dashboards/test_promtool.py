@@ -115,4 +115,5 @@ def test_every_dashboard_query_is_valid_promql(tmp_path):
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard-queries", "rules": records}]}))
     proc = promtool("check", "rules", str(path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"SUCCESS: {len(records)} rules found" in proc.stdout and len(records) == 57
+    # 57 queries, plus 13 in the engine dashboard's "Where TTFT goes" row (ttft-advice issue).
+    assert f"SUCCESS: {len(records)} rules found" in proc.stdout and len(records) == 70

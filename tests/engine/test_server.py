@@ -192,3 +192,38 @@ def test_concurrent_streams_match_one_at_a_time(server):
     assert all(n == 10 for _, n in together)
     assert metric(server, "vllm:num_requests_running", model_name="tiny") == 0
     assert metric(server, "vllm:kv_cache_usage_perc", model_name="tiny") == 0
+
+
+def test_per_request_split_metrics_and_timings(server):
+    """vLLM's per-request split: queue / prefill / decode histograms, KV computed, cached counter,
+    tokens per step; and the same split per request in the response's llama.cpp-shaped timings."""
+    def hist_count(name):
+        return metric(server, name + "_count", model_name="tiny")
+
+    before = {n: hist_count(n) for n in ("vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
+                                         "vllm:request_decode_time_seconds", "vllm:request_inference_time_seconds",
+                                         "vllm:request_prefill_kv_computed_tokens")}
+    cached_before = metric(server, "vllm:prompt_tokens_cached_total", model_name="tiny")
+    computed_before = metric(server, "vllm:request_prefill_kv_computed_tokens_sum", model_name="tiny")
+    steps_before = hist_count("vllm:iteration_tokens_total")
+    prompt = "The harbour pilot read the tide tables aloud before every crossing, twice. " * 3
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 4, "ignore_eos": True, "temperature": 0}
+    first = httpx.post(server + "/v1/completions", json=body, headers={"X-Tenant": "split"}).json()
+    second = httpx.post(server + "/v1/completions", json=body, headers={"X-Tenant": "split"}).json()
+    n = first["usage"]["prompt_tokens"]
+    hit = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert hit == (n - 1) // 16 * 16 > 0
+    # Each finished request is one observation in each histogram.
+    assert {k: hist_count(k) - v for k, v in before.items()} == dict.fromkeys(before, 2.0)
+    assert metric(server, "vllm:prompt_tokens_cached_total", model_name="tiny") - cached_before == hit
+    # KV computed = prompt tokens not served from the cache: all of the first, the rest of the second.
+    assert metric(server, "vllm:request_prefill_kv_computed_tokens_sum", model_name="tiny") - computed_before == 2 * n - hit
+    # One prefill step and three decode steps each at least (four tokens): steps were counted.
+    assert hist_count("vllm:iteration_tokens_total") - steps_before >= 8
+    for r, cached in ((first, 0), (second, hit)):
+        t = r["timings"]
+        assert (t["prompt_n"], t["cache_n"], t["predicted_n"]) == (n - cached, cached, 4)
+        assert t["queue_ms"] >= 0 and t["prompt_ms"] > 0 and t["predicted_ms"] > 0
+    text = httpx.get(server + "/metrics").text
+    assert "gpu_cache_usage_perc" not in text and "gpu_prefix_cache" not in text
+    assert "vllm:time_per_output_token_seconds" not in text

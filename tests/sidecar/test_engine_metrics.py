@@ -1,7 +1,8 @@
 """The engine scraper on real exposition text: vLLM (current and older names), SGLang, the bundled engine.
 
 bundled_engine.txt was captured from `goodput engine serve --model tiny` after three requests;
-the vLLM and SGLang files follow those servers' exposition (HELP/TYPE lines, model_name and
+the vLLM and SGLang files (sglang_cached.txt: the newer names for cached tokens and queue time)
+follow those servers' exposition (HELP/TYPE lines, model_name and
 engine / tp_rank labels, histograms and info series the scraper must skip).
 """
 
@@ -35,7 +36,14 @@ def test_vllm_current_names_with_two_dp_ranks():
         "prefix_cache_queries": {LLAMA: 200000.0},
         "prefix_cache_hits": {LLAMA: 75000.0},
         "preemptions": {LLAMA: 7.0},
+        "prompt_tokens": {LLAMA: 2.18e6},       # read to split cached/computed; this vLLM has no cached counter
     }
+    # Per-request split: the two ranks' histograms add bucket by bucket.
+    queue = s.histograms["queue_time"][LLAMA]
+    assert queue.buckets == {0.3: 3100.0, 1.0: 3330.0, float("inf"): 3354.0}
+    assert (queue.sum, queue.count) == (pytest.approx(402.5), 3354.0)
+    assert s.histograms["prefill_time"][LLAMA].sum == pytest.approx(561.0)
+    assert s.histograms["decode_time"][LLAMA].count == 3354.0
 
 
 def test_vllm_older_names_map_to_the_same_signals():
@@ -51,15 +59,43 @@ def test_sglang_names():
     s = snap("sglang.txt", models=(LLAMA,))
     assert s.flavour == "sglang"
     assert s.values == {"requests_running": {LLAMA: 162.0}, "requests_waiting": {LLAMA: 2826.0},
-                        "kv_cache_usage_ratio": {LLAMA: pytest.approx(0.28)}}
+                        "kv_cache_usage_ratio": {LLAMA: pytest.approx(0.28)}, "prompt_tokens": {LLAMA: 8.128902e6}}
+    assert s.histograms == {}      # 0.4-era SGLang: no queue histogram, no cached-token counter
+
+
+def test_sglang_cached_tokens_and_queue_time():
+    s = snap("sglang_cached.txt", models=(LLAMA,))
+    # Cached tokens add over cache sources (device + host); computed = prompt - cached.
+    assert s.values["prompt_tokens_cached"] == {LLAMA: 600000.0}
+    assert s.values["prompt_tokens_computed"] == {LLAMA: 300000.0}
+    assert s.histograms["queue_time"][LLAMA].buckets == {0.0: 0.0, 0.1: 700.0, 1.0: 950.0, float("inf"): 1000.0}
+    assert set(s.histograms) == {"queue_time"}          # SGLang has no per-request prefill/decode histogram
+    assert s.prefill_seconds_per_token(LLAMA) is None
 
 
 def test_bundled_engine_capture():
     s = snap("bundled_engine.txt", models=("tiny",))
-    # Values as captured: idle engine, 39 prompt tokens looked up in the prefix cache, no hits.
+    # Values as captured: idle engine after three chats with one system prompt (the third repeats
+    # the first): 117 prompt tokens, 48 of them (three 16-token blocks) served from the cache.
     assert s.values == {"requests_running": {"tiny": 0.0}, "requests_waiting": {"tiny": 0.0},
                         "kv_cache_usage_ratio": {"tiny": 0.0}, "preemptions": {"tiny": 0.0},
-                        "prefix_cache_queries": {"tiny": 39.0}, "prefix_cache_hits": {"tiny": 0.0}}
+                        "prefix_cache_queries": {"tiny": 117.0}, "prefix_cache_hits": {"tiny": 48.0},
+                        "prompt_tokens": {"tiny": 117.0}, "prompt_tokens_cached": {"tiny": 48.0},
+                        "prompt_tokens_computed": {"tiny": 69.0}, "prefill_computed_tokens": {"tiny": 69.0}}
+    assert {h: s.histograms[h]["tiny"].count for h in s.histograms} == {"queue_time": 3.0, "prefill_time": 3.0,
+                                                                         "decode_time": 3.0}
+    # Prefill seconds per computed token: the prefill histogram's sum over the KV-computed tokens.
+    assert s.prefill_seconds_per_token("tiny") == pytest.approx(s.histograms["prefill_time"]["tiny"].sum / 69.0)
+
+
+def test_bundled_engine_exports_vllms_current_names_only():
+    text = (FIXTURES / "bundled_engine.txt").read_text()
+    names = {f.name for f in text_string_to_metric_families(text)}
+    assert {"vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
+            "vllm:request_inference_time_seconds", "vllm:request_prefill_kv_computed_tokens",
+            "vllm:prompt_tokens_cached", "vllm:iteration_tokens_total"} <= names
+    # Names vLLM removed (#29330, #32661) are read from older servers but not exported here.
+    assert not {n for n in names if "gpu_" in n or n == "vllm:time_per_output_token_seconds"}
 
 
 def test_models_outside_the_allow_list_become_other():
@@ -92,6 +128,10 @@ def test_collector_exports_contract_names_and_up():
     assert registry.get_sample_value("goodput_engine_requests_waiting", {"model": LLAMA}) == 4.0
     assert registry.get_sample_value("goodput_engine_prefix_cache_hits_total", {"model": LLAMA}) == 75000.0
     assert registry.get_sample_value("goodput_engine_prefix_cache_queries_total", {"model": LLAMA}) == 200000.0
+    assert families["goodput_engine_queue_time_seconds"].type == "histogram"
+    assert registry.get_sample_value("goodput_engine_queue_time_seconds_bucket", {"model": LLAMA, "le": "0.3"}) == 3100.0
+    assert registry.get_sample_value("goodput_engine_queue_time_seconds_count", {"model": LLAMA}) == 3354.0
+    assert registry.get_sample_value("goodput_engine_prompt_tokens_cached_total", {"model": LLAMA}) is None
     collector.update(None)    # a failed scrape
     assert registry.get_sample_value("goodput_engine_up") == 0.0
     # Counters keep their last value (no false reset for rate()).
@@ -110,3 +150,19 @@ def test_scrape_of_a_live_upstream_and_of_a_dead_one(sidecars, tmp_path, start_s
     dead = sidecars.start("http://127.0.0.1:9", models=(LLAMA,))     # port 9: nothing listens
     assert dead.call(dead.app.scrape_once()) is False
     assert dead.value("goodput_engine_up") == 0.0
+
+
+def test_collector_exports_the_ttft_split_of_the_bundled_engine():
+    registry = CollectorRegistry()
+    collector = EngineCollector()
+    registry.register(collector)
+    collector.update(snap("bundled_engine.txt", models=("tiny",)))
+    get = registry.get_sample_value
+    assert get("goodput_engine_prompt_tokens_cached_total", {"model": "tiny"}) == 48.0
+    assert get("goodput_engine_prompt_tokens_computed_total", {"model": "tiny"}) == 69.0
+    for part in ("queue", "prefill", "decode"):
+        assert get(f"goodput_engine_{part}_time_seconds_count", {"model": "tiny"}) == 3.0
+        assert get(f"goodput_engine_{part}_time_seconds_bucket", {"model": "tiny", "le": "+Inf"}) == 3.0
+    # vLLM's buckets pass through unchanged (0.3 s is its first request-latency bucket).
+    assert get("goodput_engine_queue_time_seconds_bucket", {"model": "tiny", "le": "0.3"}) == 3.0
+    assert collector.prefill_seconds_per_token("tiny") > 0

@@ -176,3 +176,41 @@ def test_any_split_of_a_stream_gives_the_same_result(cuts):
     assert r.output_tokens == 7 and r.input_tokens == 9 and r.finish_reasons == ["length"]
     assert len(r.itl) == 6 and r.error is None
     assert out == STREAM.replace(usage_chunk(prompt=9, completion=7), b"")
+
+
+def test_cached_tokens_and_the_upstreams_own_split():
+    """usage.prompt_tokens_details.cached_tokens (OpenAI, vLLM, the bundled engine) and the
+    `timings` object (llama.cpp's shape; the bundled engine adds queue_ms) reach RequestTiming."""
+    t = StreamTimer(0.0, "chat")
+    t.feed(chat_chunk(role="assistant"), 0.1)
+    t.feed(chat_chunk("Hi"), 0.2)
+    t.feed(chat_chunk(finish="stop"), 0.3)
+    last = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [],
+            "usage": {"prompt_tokens": 40, "completion_tokens": 1, "total_tokens": 41,
+                      "prompt_tokens_details": {"cached_tokens": 32}},
+            "timings": {"queue_ms": 2.5, "prompt_n": 8, "cache_n": 32, "prompt_ms": 12.0}}
+    t.feed(b"data: " + json.dumps(last).encode() + b"\n\n", 0.4)
+    t.feed(DONE, 0.4)
+    r = t.finish(0.5)
+    assert (r.cached_tokens, r.engine_queue, r.engine_prefill) == (32, 0.0025, 0.012)
+
+
+def test_llama_cpp_timings_on_the_finish_chunk_without_usage():
+    t = StreamTimer(0.0, "completion")
+    body = {"id": "c", "object": "text_completion", "model": "m",
+            "choices": [{"index": 0, "text": "", "finish_reason": "stop"}],
+            "timings": {"prompt_n": 12, "prompt_ms": 30.0, "predicted_n": 3, "predicted_ms": 9.0}}
+    t.feed(b"data: " + json.dumps(body).encode() + b"\n\n" + DONE, 0.2)
+    r = t.finish(0.3)
+    # No usage: no cached count; llama.cpp has no queue time; prompt_ms is its prefill.
+    assert (r.cached_tokens, r.engine_queue, r.engine_prefill) == (None, None, 0.03)
+
+
+def test_nonsense_timings_are_ignored():
+    t = StreamTimer(0.0, "chat")
+    t.feed_json_body(json.dumps({"model": "m", "choices": [{"message": {"content": "x"}, "finish_reason": "stop"}],
+                                 "usage": {"prompt_tokens": 3, "completion_tokens": 1,
+                                           "prompt_tokens_details": {"cached_tokens": "many"}},
+                                 "timings": {"queue_ms": -1, "prompt_ms": "soon"}}).encode(), 0.1)
+    r = t.finish(0.1)
+    assert (r.cached_tokens, r.engine_queue, r.engine_prefill) == (None, None, None)
