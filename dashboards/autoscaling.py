@@ -29,7 +29,8 @@ def build():
         single("Observed replicas", [Query(f"max({observed})", "observed")], "short",
                description="Serving replicas the forecaster sees now."),
         single("Capacity per replica", [Query(f"max({capacity})", "capacity")], "reqps", decimals=2,
-               description="Requests/s one replica sustains while SLOs hold (configured or learned)."),
+               description="Requests/s one replica serves while every SLO class meets its objectives, for the "
+                           "current token mix (the learned service model; or configured)."),
         single("Forecast model", [Query(f"max by (model_name) ({m('goodput_forecast_model_info')})", "{{model_name}}")],
                "short", text_name=True, description="The forecast model the forecaster selected (its own level model or a statsmodels one)."),
     ]
@@ -52,7 +53,60 @@ def build():
             Query(f'max({m("goodput_forecast_arrival_rate")}{{bound="upper"}})', "forecast upper"),
         ], "reqps", min=0, description="Fleet capacity at the current replica count against forecast demand."),
     ]
+    ttft, tpot = m("goodput_forecast_ttft_seconds"), m("goodput_forecast_tpot_seconds")
+    latency = [
+        series("TTFT: actual vs forecast", [
+            Query(f"sum(rate({m('goodput_ttft_seconds_sum')}{{{MODEL}}}[{RATE}])) / "
+                  f"sum(rate({m('goodput_ttft_seconds_count')}{{{MODEL}}}[{RATE}]))", "actual mean"),
+            Query(f'max by (slo_class) ({ttft}{{bound="mean"}})', "forecast mean {{slo_class}}"),
+            Query(f'max by (slo_class) ({ttft}{{bound="upper"}})', "forecast at objective ratio, upper demand {{slo_class}}"),
+            Query(f'max by (slo_class) ({m("goodput_slo_target_seconds")}{{objective="ttft"}})', "objective {{slo_class}}"),
+        ], "s", min=0, description="What the service model predicts at the horizon with the current replicas: the mean "
+                                   "at the demand's mean, and the TTFT the class's objective ratio of requests stay under "
+                                   "at the demand's upper bound, against the objective and the actual mean."),
+        series("TPOT: actual vs forecast", [
+            Query(f"sum(rate({m('goodput_tpot_seconds_sum')}{{{MODEL}}}[{RATE}])) / "
+                  f"sum(rate({m('goodput_tpot_seconds_count')}{{{MODEL}}}[{RATE}]))", "actual mean"),
+            Query(f'max by (slo_class) ({tpot}{{bound="mean"}})', "forecast mean {{slo_class}}"),
+            Query(f'max by (slo_class) ({tpot}{{bound="upper"}})', "forecast at objective ratio, upper demand {{slo_class}}"),
+            Query(f'max by (slo_class) ({m("goodput_slo_target_seconds")}{{objective="tpot"}})', "objective {{slo_class}}"),
+        ], "s", min=0, description="As TTFT: overload that shows as a growing batch (nothing waiting) shows here."),
+        series("Forecast error, one horizon later", [
+            Query(f'max by (quantity) ({m("goodput_forecast_error_ratio")})', "relative error {{quantity}}"),
+            Query(f'max by (quantity) ({m("goodput_forecast_error_upper_coverage_ratio")})', "under upper bound {{quantity}}"),
+        ], "percentunit", min=0, description="Each published forecast scored against what was observed one horizon "
+                                             "later (recent forecasts weigh most): mean absolute error over the mean "
+                                             "actual, and the share of actuals at or under the published upper bound. "
+                                             "Absolute errors: goodput_forecast_error_absolute."),
+        series("Forecast error (absolute)", [
+            Query(f'max by (quantity) ({m("goodput_forecast_error_absolute")})', "{{quantity}}"),
+        ], "short", min=0, description="Mean absolute error of each quantity's mean forecast, in its own units."),
+    ]
+    service = [
+        series("Decode step time (learned)", [
+            Query(f"max by (bound) ({m('goodput_replica_decode_step_seconds')})", "one sequence {{bound}}"),
+            Query(f"max by (bound) ({m('goodput_replica_decode_step_per_sequence_seconds')})", "per extra sequence {{bound}}"),
+        ], "s", min=0, description="The service model's decode step, learned online from engine iterations or TPOT, with "
+                                   "its 90 % band."),
+        series("Prefill rate (learned)", [
+            Query(f"max by (bound) ({m('goodput_replica_prefill_tokens_per_second')})", "{{bound}}"),
+        ], "short", min=0, description="Prompt tokens per second one replica prefills (chunk overhead included), 90 % band."),
+        series("KV capacity and fixed TTFT (learned)", [
+            Query(f"max by (bound) ({m('goodput_replica_kv_capacity_tokens')})", "KV tokens {{bound}}"),
+        ], "short", min=0, description="KV cache tokens per replica, from KV usage against the tokens held."),
+        series("Token mix and overhead", [
+            Query(f"max by (kind) ({m('goodput_replica_tokens_per_request')})", "{{kind}} tokens/request"),
+            Query(f"max by (bound) ({m('goodput_replica_ttft_overhead_seconds')}) * 1000", "TTFT overhead ms {{bound}}"),
+            Query(f"max by (source) ({m('goodput_replica_capacity_info')})", "capacity from {{source}}"),
+        ], "short", min=0, description="Mean prompt and output tokens per request in the recent mix; what every TTFT "
+                                       "holds beyond queue and prefill; where the capacity figure comes from."),
+        series("Engine iterations and generation", [
+            Query(f"sum(rate({m('goodput_engine_steps_total')}{{{MODEL}}}[{RATE}]))", "iterations/s"),
+            Query(f"sum(rate({m('goodput_engine_generation_tokens_total')}{{{MODEL}}}[{RATE}]))", "generated tokens/s"),
+        ], "short", min=0, description="What the decode fit reads: tokens per iteration is the mean batch."),
+    ]
     return dashboard(UID, "goodput / Autoscaling", "dashboards/autoscaling.py",
-                     "Forecast queue depth and arrivals against actuals, desired against observed replicas, "
-                     "per-replica capacity and the forecast model in use.",
-                     [("Decision", summary), ("Forecast", forecast)])
+                     "Forecast queue depth, arrivals, TTFT and TPOT against actuals, forecast errors, desired "
+                     "against observed replicas, the learned service model and the forecast model in use.",
+                     [("Decision", summary), ("Forecast", forecast), ("Latency forecast", latency),
+                      ("Service model (learned)", service)])

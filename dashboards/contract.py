@@ -48,6 +48,9 @@ _SIDECAR = [
     Metric("goodput_engine_decode_time_seconds", "histogram", ("model",), "sidecar"),
     Metric("goodput_engine_prompt_tokens_cached_total", "counter", ("model",), "sidecar"),
     Metric("goodput_engine_prompt_tokens_computed_total", "counter", ("model",), "sidecar"),
+    # For the forecaster's service model: generation as it happens, engine iterations.
+    Metric("goodput_engine_generation_tokens_total", "counter", ("model",), "sidecar"),
+    Metric("goodput_engine_steps_total", "counter", ("model",), "sidecar"),
     Metric("goodput_engine_up", "gauge", (), "sidecar"),
     Metric("goodput_draining", "gauge", (), "sidecar"),
     # Prompt-layout advice (sidecar/advisor.py): token counts are estimates, never text.
@@ -67,6 +70,20 @@ _FORECASTER = [
     Metric("goodput_observed_replicas", "gauge", (), "forecaster"),
     Metric("goodput_replica_capacity_requests_per_second", "gauge", (), "forecaster"),
     Metric("goodput_forecast_model_info", "gauge", ("model_name",), "forecaster"),
+    # The service model (forecaster/service_model.py), learned online, and what it predicts.
+    Metric("goodput_forecast_ttft_seconds", "gauge", ("horizon_seconds", "bound", "slo_class"), "forecaster"),
+    Metric("goodput_forecast_tpot_seconds", "gauge", ("horizon_seconds", "bound", "slo_class"), "forecaster"),
+    Metric("goodput_replica_capacity_info", "gauge", ("source",), "forecaster"),
+    Metric("goodput_replica_decode_step_seconds", "gauge", ("bound",), "forecaster"),
+    Metric("goodput_replica_decode_step_per_sequence_seconds", "gauge", ("bound",), "forecaster"),
+    Metric("goodput_replica_prefill_tokens_per_second", "gauge", ("bound",), "forecaster"),
+    Metric("goodput_replica_kv_capacity_tokens", "gauge", ("bound",), "forecaster"),
+    Metric("goodput_replica_ttft_overhead_seconds", "gauge", ("bound",), "forecaster"),
+    Metric("goodput_replica_tokens_per_request", "gauge", ("kind",), "forecaster"),
+    # Each published forecast against what was observed one horizon later (forecaster/scoring.py).
+    Metric("goodput_forecast_error_absolute", "gauge", ("quantity", "horizon_seconds"), "forecaster"),
+    Metric("goodput_forecast_error_ratio", "gauge", ("quantity", "horizon_seconds"), "forecaster"),
+    Metric("goodput_forecast_error_upper_coverage_ratio", "gauge", ("quantity", "horizon_seconds"), "forecaster"),
 ]
 
 METRICS: dict[str, Metric] = {m.name: m for m in _SIDECAR + _FORECASTER}

@@ -318,6 +318,7 @@ class ForecastPolicy:
         raw = min(cfg.max_replicas, max(cfg.min_replicas, *terms.values()))
         desired = self._stabilise(now, raw, ready + starting, demand_floor)
         reasons = tuple(k for k, v in terms.items() if v == raw) or ("min",)
+        self._slo_capacity()   # the latency forecast needs the fitted model, configured capacity or not
         ttft, tpot = self._latency_forecast((float(fc.mean[-1]), float(fc.upper[-1])), max(1, ready + starting))
         return Decision(int(desired), float(q_mean), float(q_upper), float(fc.mean[-1]), float(fc.upper[-1]),
                         float(mu), fc.model_name, ttft_s=ttft, tpot_s=tpot, capacity_source=self.capacity_source,

@@ -133,7 +133,9 @@ def _service_families(d: Decision):
             ("goodput_replica_prefill_tokens_per_second", "Prefill throughput of one replica",
              m.prefill_tokens_per_s, p.prefill_tokens_per_s),
             ("goodput_replica_kv_capacity_tokens", "KV cache capacity of one replica, tokens", m.kv_capacity_tokens,
-             p.kv_capacity_tokens)):
+             p.kv_capacity_tokens),
+            ("goodput_replica_ttft_overhead_seconds", "What every request's TTFT holds beyond queue and prefill "
+             "(tokenisation, network, proxy)", m.ttft_overhead_s, p.ttft_overhead_s)):
         g = GaugeMetricFamily(name, doc + " (learned online; bound=lower/upper: 90 % band)", labels=["bound"])
         g.add_metric(["mean"], mean)
         g.add_metric(["lower"], band[0])

@@ -33,6 +33,7 @@ import numpy as np
 from forecaster.service_model import ServiceModel, TokenMix
 
 _Z90 = 1.645
+_UNCHUNKED = 1 << 30   # a token budget no prompt reaches: prefill counted whole, chunk overhead folded in
 
 
 @dataclass(frozen=True)
@@ -146,11 +147,14 @@ class RobustLine:
 
 class OnlineServiceModel:
     def __init__(self, prior: ServiceModel | None = None, half_life_steps: float = 120.0,
-                 min_steps: int = 3, step_token_budget: int = 512, max_batch: int = 256,
+                 min_steps: int = 3, step_token_budget: int | None = None, max_batch: int = 256,
                  prior_weight: float = 2.0, max_points: int = 720):
         self.prior = prior
         self.forget = 0.5 ** (1.0 / max(1.0, half_life_steps))
         self.min_steps = min_steps
+        # The engine's token budget a step (vLLM's max_num_batched_tokens) is not exported; unless
+        # given, the decode part of a prompt's chunk steps stays folded into the learned prefill
+        # rate (measured at the batch the fleet runs), and prompts are not split into chunks.
         self.step_token_budget = prior.step_token_budget if prior else step_token_budget
         self.max_batch = prior.max_batch if prior else max_batch
         self.prior_weight = prior_weight
@@ -308,7 +312,7 @@ class OnlineServiceModel:
 
     def _per_chunk_s(self) -> float:
         a, c = self._decode_coeffs()
-        if a is None:
+        if a is None or not self.step_token_budget:
             return 0.0
         batch = 1.0
         return (a + c * batch) / self.step_token_budget
@@ -340,7 +344,7 @@ class OnlineServiceModel:
         kv_m, _ = self._log_mean(self._kv)
         kv = math.exp(kv_m) if kv_m is not None else (self.prior.kv_capacity_tokens if self.prior else 1e12)
         return ServiceModel(prefill_tokens_per_s=pf, decode_base_s=a, decode_per_seq_s=c, kv_capacity_tokens=kv,
-                            max_batch=self.max_batch, step_token_budget=self.step_token_budget,
+                            max_batch=self.max_batch, step_token_budget=self.step_token_budget or _UNCHUNKED,
                             ttft_overhead_s=self.ttft_overhead_s(),
                             name="learned", source=f"learned online over {self.num_steps} steps")
 

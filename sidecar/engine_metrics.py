@@ -44,6 +44,11 @@ SOURCES: dict[str, tuple[str, str]] = {
     "vllm:prompt_tokens_cached_total": ("prompt_tokens_cached", "sum"),
     "sglang:prompt_tokens_total": ("prompt_tokens", "sum"),
     "sglang:cached_tokens_total": ("prompt_tokens_cached", "sum"),
+    # For the forecaster's service model: tokens generated as they are (usage counts them at the
+    # end) and engine iterations (vLLM observes iteration_tokens_total once per forward pass).
+    "vllm:generation_tokens_total": ("generation_tokens", "sum"),
+    "sglang:generation_tokens_total": ("generation_tokens", "sum"),
+    "vllm:iteration_tokens_total_count": ("engine_steps", "sum"),
     # Not exported: with the prefill histogram's sum, the engine's prefill seconds per computed token.
     "vllm:request_prefill_kv_computed_tokens_sum": ("prefill_computed_tokens", "sum"),
 }
@@ -68,6 +73,10 @@ SIGNALS: dict[str, tuple[str, str, str]] = {
                              "Prompt tokens the engine served from its prefix cache (prefill skipped)."),
     "prompt_tokens_computed": ("goodput_engine_prompt_tokens_computed", "counter",
                                "Prompt tokens the engine computed in prefill (not cached)."),
+    "generation_tokens": ("goodput_engine_generation_tokens", "counter",
+                          "Tokens the engine generated, counted as it generates them."),
+    "engine_steps": ("goodput_engine_steps", "counter",
+                     "Engine iterations (forward passes), from vllm:iteration_tokens_total's count."),
     "queue_time": ("goodput_engine_queue_time_seconds", "histogram",
                    "Per request: time waiting in the engine before first scheduled."),
     "prefill_time": ("goodput_engine_prefill_time_seconds", "histogram",

@@ -37,6 +37,7 @@ def test_vllm_current_names_with_two_dp_ranks():
         "prefix_cache_hits": {LLAMA: 75000.0},
         "preemptions": {LLAMA: 7.0},
         "prompt_tokens": {LLAMA: 2.18e6},       # read to split cached/computed; this vLLM has no cached counter
+        "generation_tokens": {LLAMA: 340211.0 + 301877.0},   # as generated (the forecaster's decode fit)
     }
     # Per-request split: the two ranks' histograms add bucket by bucket.
     queue = s.histograms["queue_time"][LLAMA]
@@ -59,7 +60,8 @@ def test_sglang_names():
     s = snap("sglang.txt", models=(LLAMA,))
     assert s.flavour == "sglang"
     assert s.values == {"requests_running": {LLAMA: 162.0}, "requests_waiting": {LLAMA: 2826.0},
-                        "kv_cache_usage_ratio": {LLAMA: pytest.approx(0.28)}, "prompt_tokens": {LLAMA: 8.128902e6}}
+                        "kv_cache_usage_ratio": {LLAMA: pytest.approx(0.28)}, "prompt_tokens": {LLAMA: 8.128902e6},
+                        "generation_tokens": {LLAMA: 7.557572e6}}
     assert s.histograms == {}      # 0.4-era SGLang: no queue histogram, no cached-token counter
 
 
@@ -81,7 +83,9 @@ def test_bundled_engine_capture():
                         "kv_cache_usage_ratio": {"tiny": 0.0}, "preemptions": {"tiny": 0.0},
                         "prefix_cache_queries": {"tiny": 117.0}, "prefix_cache_hits": {"tiny": 48.0},
                         "prompt_tokens": {"tiny": 117.0}, "prompt_tokens_cached": {"tiny": 48.0},
-                        "prompt_tokens_computed": {"tiny": 69.0}, "prefill_computed_tokens": {"tiny": 69.0}}
+                        "prompt_tokens_computed": {"tiny": 69.0}, "prefill_computed_tokens": {"tiny": 69.0},
+                        # 24 tokens generated in 24 iterations: three chats of 8 tokens, one at a time.
+                        "generation_tokens": {"tiny": 24.0}, "engine_steps": {"tiny": 24.0}}
     assert {h: s.histograms[h]["tiny"].count for h in s.histograms} == {"queue_time": 3.0, "prefill_time": 3.0,
                                                                          "decode_time": 3.0}
     # Prefill seconds per computed token: the prefill histogram's sum over the KV-computed tokens.
