@@ -314,15 +314,45 @@ class ForecastPolicy:
         spread = np.sqrt(np.sum((fc.upper[-w:] - fc.mean[-w:]) ** 2)) / w
         demand_upper = float(np.mean(fc.mean[-w:]) + spread)
         demand_floor = math.ceil(demand_upper / mu - 1e-9)
-        terms = {"queue": fluid_n, "now": need_now, "demand": demand_floor}
+        burst = self._burst_floor(y, mu)
+        terms = {"queue": fluid_n, "now": need_now, "demand": demand_floor, "burst": burst}
         raw = min(cfg.max_replicas, max(cfg.min_replicas, *terms.values()))
-        desired = self._stabilise(now, raw, ready + starting, demand_floor)
+        desired = self._stabilise(now, raw, ready + starting, max(demand_floor, burst))
         reasons = tuple(k for k, v in terms.items() if v == raw) or ("min",)
         self._slo_capacity()   # the latency forecast needs the fitted model, configured capacity or not
         ttft, tpot = self._latency_forecast((float(fc.mean[-1]), float(fc.upper[-1])), max(1, ready + starting))
         return Decision(int(desired), float(q_mean), float(q_upper), float(fc.mean[-1]), float(fc.upper[-1]),
                         float(mu), fc.model_name, ttft_s=ttft, tpot_s=tpot, capacity_source=self.capacity_source,
                         service=self.service.params(), reasons=reasons)
+
+    def _burst_floor(self, y: np.ndarray, mu: float) -> int:
+        """Replicas for recurring bursts shorter than the cold start: a replica ordered when such
+        a burst begins serves after it has ended, so only capacity already there serves it.
+
+        Over the last five cold starts, the arrival rate averaged over the drain time (a queue
+        shorter than that drains afterwards): a burst is a run of those means above halfway
+        between their median and their upper quantile (the forecast interval's). With two or
+        more bursts, each shorter than the cold start, the floor holds that upper quantile. A
+        level shift (one long run) or a lone burst holds nothing: the forecast follows those.
+        """
+        cfg = self.config
+        memory = max(2, math.ceil(5 * max(cfg.cold_start_seconds, cfg.step_seconds) / cfg.step_seconds))
+        w = max(1, math.ceil(cfg.drain_seconds / cfg.step_seconds))
+        recent = y[-memory:]
+        if len(recent) < 2 * w or mu <= 0:
+            return 0
+        means = np.convolve(recent, np.ones(w) / w, mode="valid")
+        high = float(np.quantile(means, 0.5 + cfg.interval / 2.0))
+        mid = (float(np.median(means)) + high) / 2.0
+        above = means > mid
+        if not above.any():
+            return 0
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], above.astype(np.int8), [0]])))
+        runs = edges[1::2] - edges[::2]              # lengths, in steps of the rolling means
+        cold_steps = max(1, math.ceil(cfg.cold_start_seconds / cfg.step_seconds))
+        if len(runs) < 2 or int(runs.max()) + w - 1 > cold_steps:
+            return 0
+        return math.ceil(high / mu - 1e-9)
 
     def _stabilise(self, now: float, raw: int, current: int, demand_floor: int) -> int:
         """Up at once; down only to the highest recommendation of the last window (as HPA does)."""

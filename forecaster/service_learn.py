@@ -159,7 +159,8 @@ class OnlineServiceModel:
         self.max_batch = prior.max_batch if prior else max_batch
         self.prior_weight = prior_weight
         # Decode: step time against the batch, a robust line.
-        self._decode = RobustLine(self.forget, max_points)
+        self._decode = RobustLine(self.forget, max_points)        # from engine iterations
+        self._decode_tpot = RobustLine(self.forget, max_points)   # from TPOT, where there are none
         self._seeded = False
         # Prefill (seconds a prompt token occupies the prefill queue), the fixed TTFT overhead and
         # KV capacity: exponentially weighted mean and variance (of logs, for the first and last).
@@ -175,21 +176,23 @@ class OnlineServiceModel:
     def _seed(self, m: ServiceModel) -> None:
         w = self.prior_weight
         self._decode.set_prior((1.0, 4.0), m.decode_base_s, m.decode_per_seq_s, w)
+        self._decode_tpot.set_prior((1.0, 4.0), m.decode_base_s, m.decode_per_seq_s, w)
         self._add_log(self._pf, 1.0 / m.prefill_tokens_per_s + m.step_s(1.0) / m.step_token_budget, w)
         if math.isfinite(m.kv_capacity_tokens) and m.kv_capacity_tokens < 1e15:
             self._add_log(self._kv, m.kv_capacity_tokens, w)
         self._seeded = True
 
-    def _add_decode(self, x: float, y: float, w: float) -> None:
-        if not self._decode.has_prior:
+    def _add_decode(self, x: float, y: float, w: float, line: RobustLine | None = None) -> None:
+        line = self._decode if line is None else line
+        if not line.has_prior:
             # No prior given: a weak one from the first step seen, with the conservative end of
             # measured engines' slopes (a step grows 1/8 of its base per sequence: SmolLM2 on CPU;
             # a 70B model on H100 grows 1/70), so capacity is under- rather than overstated until
             # the batch has varied enough to show the real slope. Pseudo-points at batch 1 and 4:
             # close together, so little leverage on the slope once batches vary.
             base = y / (1.0 + x / 8.0)
-            self._decode.set_prior((1.0, 4.0), base, base / 8.0, self.prior_weight)
-        self._decode.add(x, y, w, self.num_steps)
+            line.set_prior((1.0, 4.0), base, base / 8.0, self.prior_weight)
+        line.add(x, y, w, self.num_steps)
 
     @staticmethod
     def _add_log(acc: list, value: float, w: float) -> None:
@@ -222,7 +225,7 @@ class OnlineServiceModel:
         # Iterations are used only from steps that start and end with two or more sequences a
         # replica, so that the batch is unlikely to have emptied in between (idle time would read
         # as a slower step).
-        iterations = bool(o.engine_steps and o.generated_tokens and o.engine_steps > 0
+        iterations = bool(o.engine_steps and o.generated_tokens and o.engine_steps > 0 and o.replicas == 1
                           and min(o.running_start, o.running) >= 2 * r)
         if not iterations and o.tpot_count and o.tpot_sum is not None and o.tpot_count > 0:
             tpot = o.tpot_sum / o.tpot_count
@@ -230,7 +233,7 @@ class OnlineServiceModel:
             rho_p = min(0.9, lam_r * p_mean / pf_rate) if pf_rate else 0.0
             y = tpot * (1.0 - rho_p)
             if y > 0 and math.isfinite(y):
-                self._add_decode(max(batch, 1.0), y, float(o.tpot_count))
+                self._add_decode(max(batch, 1.0), y, float(o.tpot_count), self._decode_tpot)
         # The engines' own counters say the step time at the batch this very step ran: iterations
         # and generated tokens give the mean batch per iteration (B̄ = tokens / iterations) and,
         # while the batch never empties, the mean iteration time (replica-seconds / iterations,
@@ -285,12 +288,20 @@ class OnlineServiceModel:
             return 0.0, 0.0
         return p / n, max(1.0, o / n)
 
+    def _decode_line(self) -> RobustLine:
+        """Iterations where the engines count them and a handful of steps could use them; TPOT
+        otherwise. Iterations read the step at once (TPOT waits for requests to end) but only
+        while every replica stays busy: replica-seconds over iterations counts idle time as step
+        time, so they are taken from one-replica fleets only (with several, the router leaves some
+        idle while the sum looks busy)."""
+        return self._decode if len(self._decode.points) >= 5 else self._decode_tpot
+
     def _decode_coeffs(self) -> tuple[float | None, float]:
-        fit = self._decode.fit(self.num_steps, floor_a=1e-4)
+        fit = self._decode_line().fit(self.num_steps, floor_a=1e-4)
         return (None, 0.0) if fit is None else (fit[0], fit[1])
 
     def _decode_band(self) -> tuple[tuple[float, float], tuple[float, float]]:
-        fit = self._decode.fit(self.num_steps, floor_a=1e-4)
+        fit = self._decode_line().fit(self.num_steps, floor_a=1e-4)
         if fit is None:
             return (math.nan, math.nan), (math.nan, math.nan)
         a, c, se_a, se_c = fit

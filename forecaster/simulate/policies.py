@@ -18,7 +18,9 @@ each one reproduces:
   publishes desired replicas, read with `AverageValue` 1. Its reconcile interval is 30 s here
   (assumed; configurable).
 - goodput: this project's forecaster, forecaster.policy.ForecastPolicy, run as-is: it observes a
-  FleetSample every step_seconds and publishes goodput_desired_replicas (`AverageValue` 1).
+  FleetSample every step_seconds and publishes goodput_desired_replicas (`AverageValue` 1), read
+  by an HPA with the chart's behaviour (no scale-down window of its own: the forecaster holds
+  scale-downs itself, with its window taken from --scale-down-window).
 - oracle: see oracle.py; no HPA.
 - static: not autoscaling at all: the smallest fixed fleet that reaches the attainment target
   (runner.py), the cost of provisioning for the peaks a causal policy cannot follow.
@@ -172,7 +174,8 @@ class Goodput(Policy):
 
         self.publish_every_s = step_s
         fields = dict(step_seconds=step_s, horizon_seconds=cold_start_s, cold_start_seconds=cold_start_s,
-                      capacity_rps=capacity_rps, min_replicas=limits.min_replicas, max_replicas=limits.max_replicas)
+                      capacity_rps=capacity_rps, min_replicas=limits.min_replicas, max_replicas=limits.max_replicas,
+                      scale_down_window_seconds=float(limits.scale_down_window_s))
         unknown = sorted(set(overrides) - set(PolicyConfig.__dataclass_fields__))
         if unknown:
             raise ValueError(f"unknown forecaster setting {', '.join(unknown)}; PolicyConfig has "
@@ -187,6 +190,14 @@ class Goodput(Policy):
             self.slos = (Slo(ttft_s=slo.ttft_s, tpot_s=slo.tpot_s, ratio=target, name="default"),)
         else:
             self.slos = None
+
+    def hpa_spec(self) -> HpaSpec | None:
+        """As the chart ships it for goodput_desired_replicas: no scale-down window of the HPA's own
+        (the forecaster already holds a scale-down for its window), down at the API's default pace.
+        One stabilisation, not two in series."""
+        down = ScalingRules(0, DEFAULT_SCALE_DOWN.policies, DEFAULT_SCALE_DOWN.select_policy)
+        return HpaSpec(self.target_type, self.target, self.limits.min_replicas, self.limits.max_replicas,
+                       scale_down=down)
 
     def compute(self, view, history):
         from forecaster.policy import FleetSample

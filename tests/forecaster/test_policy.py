@@ -145,3 +145,35 @@ def test_a_real_fit_past_its_deadline_falls_back_to_the_reactive_signal():
     # The reactive signal: 3 req/s now at 1 req/s a replica.
     assert d.arrival_rate_mean == pytest.approx(3.0) and d.desired_replicas >= 3
     policy.close()
+
+
+def _run_rates(rate_at, seconds=3600, capacity=1.0):
+    policy = ForecastPolicy(PolicyConfig(capacity_rps=capacity, models=("naive",), scale_down_window_seconds=300.0))
+    arrivals, out = 0.0, []
+    for k in range(int(seconds / 15)):
+        t = k * 15.0
+        arrivals += rate_at(t) * 15
+        policy.observe(sample(t, arrivals, ready=2))
+        out.append((t, policy.decide(t)))
+    policy.close()
+    return out
+
+
+def test_recurring_bursts_shorter_than_the_cold_start_hold_a_floor():
+    # A 60-s burst of 10 req/s every 5 minutes over a 1 req/s base (cold start 180 s): between
+    # bursts the forecaster keeps about the burst's replicas (10 at 1 req/s each; the floor is the
+    # upper quantile of 60-s means on the 15-s grid, so 9 or 10), not the base's one.
+    out = _run_rates(lambda t: 10.0 if (t % 300) < 60 else 1.0)
+    quiet = [d for t, d in out if t > 1200 and 120 <= (t % 300) < 285]
+    assert quiet and min(d.desired_replicas for d in quiet) >= 9
+    assert all("burst" in d.reasons for d in quiet)
+
+
+def test_a_level_shift_down_or_a_lone_burst_holds_no_floor():
+    # 10 req/s for 20 minutes, then 2: after the stabilisation window it is 2, not held at 10.
+    shift = _run_rates(lambda t: 10.0 if t < 1200 else 2.0, seconds=2400)
+    assert max(d.desired_replicas for t, d in shift if t >= 1200 + 330) <= 3
+    # One 60-s burst at minute 10 and nothing like it again: the floor never holds for it (what
+    # remains for a while is the forecast interval the burst widened, not the floor).
+    lone = _run_rates(lambda t: 10.0 if 600 <= t < 660 else 1.0, seconds=1800)
+    assert not any("burst" in d.reasons for t, d in lone)

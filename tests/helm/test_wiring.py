@@ -131,7 +131,8 @@ def test_builtin_mode_apiservice_tls_and_hpa():
     assert hpa["spec"]["metrics"] == [{"type": "External", "external": {
         "metric": {"name": "goodput_desired_replicas"}, "target": {"type": "AverageValue", "averageValue": "1"}}}]
     assert hpa["spec"]["behavior"]["scaleUp"]["stabilizationWindowSeconds"] == 0
-    assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 300
+    # One stabilisation: the forecaster holds scale-downs, the HPA follows it at once.
+    assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 0
     # The HPA owns the replica count: the Deployment must not set one.
     assert "replicas" not in one(objects, "Deployment", FULLNAME)["spec"]
 
@@ -154,7 +155,7 @@ def test_keda_mode_scaled_object():
     (trigger,) = so["spec"]["triggers"]
     assert (trigger["type"], trigger["metricType"], trigger["metadata"]["threshold"]) == ("prometheus", "AverageValue", "1")
     assert trigger["metadata"]["query"] == f'max(goodput_desired_replicas{{namespace="{NAMESPACE}", pod=~"{FORECASTER}-.*"}})'
-    assert so["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 300
+    assert so["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 0
 
 
 def _tls_pair(objects) -> tuple[x509.Certificate, x509.Certificate, dict]:
