@@ -167,6 +167,8 @@ class ProxyConfig:
     connect_timeout: float = 5.0
     read_timeout: float = 600.0              # no upstream byte for this long -> 504
     inject_usage: bool = True                # ask for usage on streams, strip it unless the client asked
+    genai_provider: str = "openai"           # gen_ai.provider.name on spans and OTel metrics (the API dialect)
+    otel_legacy_metrics: bool = False        # also the OTel GenAI metric names of semconv <= v1.41
 
     def __post_init__(self):
         from urllib.parse import urlsplit
@@ -182,5 +184,7 @@ class ProxyConfig:
             raise ValueError(f"--drain-timeout must be >= 0 seconds, got {self.drain_timeout}")
         if self.max_body_bytes <= 0:
             raise ValueError(f"--max-body-bytes must be > 0, got {self.max_body_bytes}")
+        if not self.genai_provider or len(self.genai_provider) > 64:
+            raise ValueError(f"--genai-provider must be a short name like openai or vllm, got {self.genai_provider!r}")
         if self.read_timeout <= 0 or self.connect_timeout <= 0:
             raise ValueError("upstream timeouts must be > 0 seconds")
