@@ -2,7 +2,9 @@
 
 Understands vLLM's current names (`vllm:kv_cache_usage_perc`, `vllm:prefix_cache_*`), its older
 ones (`vllm:gpu_cache_usage_perc`, `vllm:gpu_prefix_cache_*`), SGLang's (`sglang:num_queue_reqs`,
-`sglang:num_running_reqs`, `sglang:token_usage`), and the bundled engine (vLLM names). Series of one model are combined over other labels (data-parallel `engine`
+`sglang:num_running_reqs`, `sglang:token_usage`), llama.cpp's (`llamacpp:requests_processing`,
+`requests_deferred`, `prompt_tokens_*`; it publishes no KV-cache ratio or preemptions, so those are
+absent for it), and the bundled engine (vLLM names). Series of one model are combined over other labels (data-parallel `engine`
 ranks, tp ranks): counts and counters are summed, the KV-cache ratio is averaged, since each
 rank owns its own equal share of the cache. SGLang exposes prefix-cache hits only as a
 `cache_hit_rate` gauge and retractions (its preemptions) only as a gauge of the last interval;
@@ -33,7 +35,15 @@ SOURCES: dict[str, tuple[str, str]] = {
     "sglang:num_queue_reqs": ("requests_waiting", "sum"),
     "sglang:num_running_reqs": ("requests_running", "sum"),
     "sglang:token_usage": ("kv_cache_usage_ratio", "mean"),
+    # llama.cpp (`llama-server --metrics`): slots busy and tasks deferred for want of a slot;
+    # prefix-cache hits are its reused prompt tokens, lookups those plus the ones it processed.
+    "llamacpp:requests_processing": ("requests_running", "sum"),
+    "llamacpp:requests_deferred": ("requests_waiting", "sum"),
+    "llamacpp:prompt_tokens_cached_total": ("prefix_cache_hits", "sum"),
+    "llamacpp:prompt_tokens_total": ("prefix_cache_queries", "sum"),
 }
+# A source that also feeds a second signal: llama.cpp's cached prompt tokens were looked up too.
+ALSO: dict[str, tuple[str, str]] = {"llamacpp:prompt_tokens_cached_total": ("prefix_cache_queries", "sum")}
 
 # goodput signal -> (exported family name, type, help)
 SIGNALS: dict[str, tuple[str, str, str]] = {
@@ -53,7 +63,7 @@ class EngineSnapshot:
     """The normalised values of one scrape: signal -> model label -> value."""
 
     values: dict[str, dict[str, float]] = field(default_factory=dict)
-    flavour: str | None = None       # vllm | sglang | None (nothing recognised)
+    flavour: str | None = None       # vllm | sglang | llamacpp | None (nothing recognised)
 
 
 def normalise(text: str, models: ModelLabels, single_model: str | None = None) -> EngineSnapshot:
@@ -70,15 +80,15 @@ def normalise(text: str, models: ModelLabels, single_model: str | None = None) -
             source = SOURCES.get(sample.name)
             if source is None:
                 continue
-            signal, combine = source
             value = float(sample.value)
             if math.isnan(value):
                 continue
             flavour = flavour or sample.name.split(":", 1)[0]
             raw_model = next((sample.labels[k] for k in MODEL_LABELS if k in sample.labels), None)
             model = models.label(raw_model) if raw_model is not None else (single_model or ModelLabels.OTHER)
-            sums.setdefault((signal, model), []).append(value)
-            how[signal] = combine
+            for signal, combine in (source, ALSO[sample.name]) if sample.name in ALSO else (source,):
+                sums.setdefault((signal, model), []).append(value)
+                how[signal] = combine
     snap = EngineSnapshot(flavour=flavour)
     for (signal, model), values in sums.items():
         combined = sum(values) / len(values) if how[signal] == "mean" else sum(values)
