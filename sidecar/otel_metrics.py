@@ -25,8 +25,8 @@ let an OTel backend and Prometheus show the same percentiles.
 
 Attributes: `gen_ai.operation.name`, `gen_ai.provider.name`, `gen_ai.request.model` (the
 bounded model label, so a client inventing names cannot grow the series), `server.address` and
-`server.port` of the upstream, `goodput.slo_class`, and `error.type` on the duration of failed
-requests. `gen_ai.response.model` is left out: it comes from the upstream unbounded.
+`server.port` of the upstream, `goodput.slo_class`, `error.type` on the duration of failed
+requests, and `gen_ai.token.modality` = `unknown` on the token counters. `gen_ai.response.model` is left out: it comes from the upstream unbounded.
 
 Cost on the request path: one deque append. prometheus_client and the OTel SDK both take a lock
 per observation; the SDK's is dearer (attribute hashing, exemplar checks), so measurements are
@@ -46,6 +46,11 @@ from sidecar.timing import RequestTiming
 
 # The conventions' advisory buckets for token counts (powers of 4), kept for the legacy histogram.
 TOKEN_COUNT_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864)
+
+
+# OpenAI-style usage does not split tokens by modality; the conventions ask for `unknown` then.
+_MODALITY = ("gen_ai.token.modality", "unknown")
+_INPUT, _OUTPUT = ("gen_ai.token.type", "input"), ("gen_ai.token.type", "output")
 
 
 def metrics_endpoint_configured() -> bool:
@@ -133,16 +138,16 @@ class GenAiMetrics:
                     self.tpot.record(tpot, attrs)
             sums = tokens.get(id(attrs))
             if sums is None:
-                sums = tokens[id(attrs)] = [attrs, 0, 0]
+                sums = tokens[id(attrs)] = [self._attributes(operation, model, slo_name, None, _MODALITY), 0, 0]
             sums[1] += input_tokens or 0
             sums[2] += output_tokens or 0
             if self._legacy:
                 self.legacy_duration.record(e2e, failed)
                 # Only counts the request had: input from usage, output from usage or the stream.
                 if input_tokens is not None:
-                    self.legacy_tokens.record(input_tokens, self._attributes(operation, model, slo_name, None, "input"))
+                    self.legacy_tokens.record(input_tokens, self._attributes(operation, model, slo_name, None, _INPUT))
                 if output_tokens or input_tokens is not None:
-                    self.legacy_tokens.record(output_tokens, self._attributes(operation, model, slo_name, None, "output"))
+                    self.legacy_tokens.record(output_tokens, self._attributes(operation, model, slo_name, None, _OUTPUT))
         for attrs, input_sum, output_sum in tokens.values():
             if input_sum:
                 self.input_tokens.add(input_sum, attrs)
@@ -151,8 +156,8 @@ class GenAiMetrics:
         return count
 
     def _attributes(self, operation: str, model: str, slo_name: str, error_type: str | None,
-                    token_type: str | None = None) -> dict:
-        key = (operation, model, slo_name, error_type, token_type)
+                    extra: tuple[str, str] | None = None) -> dict:
+        key = (operation, model, slo_name, error_type, extra)
         found = self._attrs.get(key)
         if found is None:
             found = dict(self._base)
@@ -160,8 +165,8 @@ class GenAiMetrics:
                           "goodput.slo_class": slo_name})
             if error_type:
                 found["error.type"] = error_type
-            if token_type:
-                found["gen_ai.token.type"] = token_type
+            if extra:
+                found[extra[0]] = extra[1]
             # error.type comes from bounded sets (http_NNN, the upstream's error type); cap the
             # cache anyway so a misbehaving upstream cannot grow it without bound.
             if len(self._attrs) < 4096:

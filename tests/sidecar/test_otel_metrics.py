@@ -149,6 +149,7 @@ def test_genai_metrics_equal_the_prometheus_histograms(sidecars, upstream, meter
                        ("gen_ai.client.inference.usage.output_tokens", "goodput_output_tokens_total")):
         unit, kind, points = got[name]
         assert (unit, kind) == ("{token}", "sum")
+        assert {_attrs(p)["gen_ai.token.modality"] for p in points} == {"unknown"}
         # Scripted usage: 7 prompt tokens per request that sent usage; output 4+6+3+5 from the streams.
         assert sum(p.as_int for p in points) == live.value(prom, model="scripted", slo_class="interactive") > 0
     assert sum(p.as_int for p in got["gen_ai.client.inference.usage.output_tokens"][2]) == 18
