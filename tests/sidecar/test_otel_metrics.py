@@ -183,3 +183,20 @@ def test_span_carries_the_provider_name(sidecar):
     span = sidecar.finished_spans(1)[0]
     assert span.attributes["gen_ai.provider.name"] == "openai"
     assert span.attributes["gen_ai.operation.name"] == "chat"
+
+
+def test_empty_provider_name_is_refused_with_the_flag_name():
+    from sidecar.config import ProxyConfig
+    with pytest.raises(ValueError, match="--genai-provider"):
+        ProxyConfig(upstream="http://127.0.0.1:8000", genai_provider="")
+
+
+def test_no_endpoint_means_no_meter_provider(monkeypatch):
+    from sidecar.otel_metrics import meter_provider_from_env
+    for var in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
+        monkeypatch.delenv(var, raising=False)
+    assert meter_provider_from_env() is None
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "http://127.0.0.1:1/v1/metrics")
+    provider = meter_provider_from_env()
+    assert provider is not None
+    provider.shutdown(timeout_millis=100)
