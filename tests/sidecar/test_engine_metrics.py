@@ -110,3 +110,13 @@ def test_scrape_of_a_live_upstream_and_of_a_dead_one(sidecars, tmp_path, start_s
     dead = sidecars.start("http://127.0.0.1:9", models=(LLAMA,))     # port 9: nothing listens
     assert dead.call(dead.app.scrape_once()) is False
     assert dead.value("goodput_engine_up") == 0.0
+
+
+def test_llamacpp_capture():
+    # Captured from llama-server --metrics (-np 1, --threads-http 8) serving SmolLM2 while one
+    # request decoded in its single slot and two more waited for it; llama.cpp has no model label.
+    s = snap("llamacpp.txt", single="smollm2")
+    assert s.flavour == "llamacpp"
+    # Prefix-cache lookups are the prompt tokens it processed (40) plus those it reused (38).
+    assert s.values == {"requests_running": {"smollm2": 1.0}, "requests_waiting": {"smollm2": 2.0},
+                        "prefix_cache_hits": {"smollm2": 38.0}, "prefix_cache_queries": {"smollm2": 78.0}}
