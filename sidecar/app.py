@@ -25,6 +25,7 @@ from sidecar.advisor import Advisor
 from sidecar.config import ProxyConfig
 from sidecar.engine_metrics import EngineCollector, normalise
 from sidecar.metrics import ModelLabels, SidecarMetrics, zero_series
+from sidecar.otel_metrics import GenAiMetrics
 from sidecar.relay import (BodyTooLarge, error_response, open_upstream, read_body, relay_passthrough, relay_sse,
                            send_body, upstream_headers)
 from sidecar.slo import judge
@@ -48,7 +49,7 @@ def measured_kind(method: str, path: str) -> str | None:
 
 
 class Sidecar:
-    def __init__(self, config: ProxyConfig, registry: CollectorRegistry, tracer_provider):
+    def __init__(self, config: ProxyConfig, registry: CollectorRegistry, tracer_provider, meter_provider=None):
         self.config = config
         self.registry = registry
         self.models = ModelLabels(config.models)
@@ -61,6 +62,8 @@ class Sidecar:
         self.tracer = tracer_provider.get_tracer("goodput.sidecar")
         parts = urlsplit(config.upstream)
         self._server_address, self._server_port = parts.hostname or "", parts.port
+        self.otel = None if meter_provider is None else GenAiMetrics(
+            meter_provider, config.genai_provider, self._server_address, self._server_port, config.otel_legacy_metrics)
         self.session: aiohttp.ClientSession | None = None   # passthrough paths, health, scrapes
         self.pool = UpstreamPool(config.upstream, config.connect_timeout, config.read_timeout)  # measured path
         self.draining = False
@@ -192,7 +195,7 @@ class Sidecar:
         start = _clock()
         capture = self.config.capture_content
         span = RequestSpan(self.tracer, "chat" if kind == "chat" else "text_completion", request.headers, start,
-                           self._server_address, self._server_port)
+                           self._server_address, self._server_port, self.config.genai_provider)
         label = ModelLabels.OTHER
         slo = self.config.slo.classify(None, request.path, request.headers)
         timer = StreamTimer(start, kind)
@@ -263,6 +266,9 @@ class Sidecar:
             error_type = error_type or timing.error_type
             verdict = judge(timing, slo, error=error_type if not cancelled else None, cancelled=cancelled)
             self.metrics.finished(label, slo, timing, verdict, in_flight=in_flight)
+            if self.otel is not None:
+                self.otel.record(span.operation, label, slo.name, timing, None if cancelled else error_type,
+                                 successful=error_type is None and not cancelled)
             span.end(timing, verdict, slo, None if cancelled else error_type, end, capture_output=capture)
             if doc and self.config.advice_window:
                 self._advise(label, request.headers.get("x-tenant"), doc, timing)
@@ -323,6 +329,7 @@ def _with_usage(body: bytes, doc: dict, options) -> bytes:
     return json.dumps(doc).encode()
 
 
-def make_app(config: ProxyConfig, registry: CollectorRegistry, tracer_provider) -> Sidecar:
-    """The sidecar with injected back-ends; call `await app.start()` inside a running loop."""
-    return Sidecar(config, registry, tracer_provider)
+def make_app(config: ProxyConfig, registry: CollectorRegistry, tracer_provider, meter_provider=None) -> Sidecar:
+    """The sidecar with injected back-ends; call `await app.start()` inside a running loop.
+    `meter_provider`: OpenTelemetry metrics beside Prometheus (None: none recorded)."""
+    return Sidecar(config, registry, tracer_provider, meter_provider)

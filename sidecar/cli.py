@@ -30,6 +30,12 @@ def register(registry) -> None:
     p.add_argument("--advice-window", type=int, default=256,
                    help="recent prompts per model and tenant compared for prompt-layout advice (/advice, "
                         "goodput_prompt_*; keyed hashes only, never text; 0 = off; default 256)")
+    p.add_argument("--genai-provider", default="openai",
+                   help="gen_ai.provider.name on spans and OTel metrics (default openai: the API the sidecar speaks; "
+                        "e.g. vllm, llama.cpp)")
+    p.add_argument("--otel-legacy-metrics", action="store_true",
+                   help="with an OTLP endpoint, also export the GenAI metric names of semantic conventions <= v1.41 "
+                        "(gen_ai.client.operation.duration, gen_ai.client.token.usage)")
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
 
     b = registry.command("bench sidecar", "sidecar overhead against a direct connection and a bare relay", bench_cmd)
@@ -51,7 +57,8 @@ def build_config(args: argparse.Namespace):
         return ProxyConfig(upstream=args.upstream, host=args.host, port=args.port, slo=slo, models=models,
                            engine_metrics_interval=args.engine_metrics_interval, drain_timeout=args.drain_timeout,
                            max_body_bytes=args.max_body_bytes, capture_content=args.capture_content,
-                           read_timeout=args.upstream_timeout, advice_window=args.advice_window)
+                           read_timeout=args.upstream_timeout, advice_window=args.advice_window,
+                           genai_provider=args.genai_provider, otel_legacy_metrics=args.otel_legacy_metrics)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -63,17 +70,19 @@ def run_cmd(args: argparse.Namespace) -> int:
     from prometheus_client import CollectorRegistry, disable_created_metrics
 
     from sidecar.app import make_app
+    from sidecar.otel_metrics import meter_provider_from_env
     from sidecar.server import serve
     from sidecar.tracing import provider_from_env
 
     config = build_config(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     provider = provider_from_env()
+    meters = meter_provider_from_env()
     disable_created_metrics()   # the *_created series only add noise to every scrape
 
     async def main() -> int:
         import gc
-        app = make_app(config, CollectorRegistry(), provider)
+        app = make_app(config, CollectorRegistry(), provider, meters)
         # Move everything built at start-up (modules, registry, tracer) out of the collector's
         # reach: later collections then only walk objects made while serving.
         gc.collect()
@@ -88,6 +97,8 @@ def run_cmd(args: argparse.Namespace) -> int:
         return asyncio.run(main())
     finally:
         provider.shutdown()   # flushes spans still queued for OTLP export
+        if meters is not None:
+            meters.shutdown()  # a last collection: requests since the previous export are sent too
 
 
 def bench_cmd(args: argparse.Namespace) -> int:

@@ -168,6 +168,8 @@ class ProxyConfig:
     read_timeout: float = 600.0              # no upstream byte for this long -> 504
     inject_usage: bool = True                # ask for usage on streams, strip it unless the client asked
     advice_window: int = 256                 # prompts per model and tenant for /advice (0 = off)
+    genai_provider: str = "openai"           # gen_ai.provider.name on spans and OTel metrics (the API dialect)
+    otel_legacy_metrics: bool = False        # also the OTel GenAI metric names of semconv <= v1.41
 
     def __post_init__(self):
         from urllib.parse import urlsplit
@@ -185,5 +187,7 @@ class ProxyConfig:
             raise ValueError(f"--max-body-bytes must be > 0, got {self.max_body_bytes}")
         if self.advice_window < 0:
             raise ValueError(f"--advice-window must be >= 0 prompts (0 = off), got {self.advice_window}")
+        if not self.genai_provider or len(self.genai_provider) > 64:
+            raise ValueError(f"--genai-provider must be a short name like openai or vllm, got {self.genai_provider!r}")
         if self.read_timeout <= 0 or self.connect_timeout <= 0:
             raise ValueError("upstream timeouts must be > 0 seconds")

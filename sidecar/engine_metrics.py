@@ -2,7 +2,9 @@
 
 Understands vLLM's current names (`vllm:kv_cache_usage_perc`, `vllm:prefix_cache_*`), its older
 ones (`vllm:gpu_cache_usage_perc`, `vllm:gpu_prefix_cache_*`), SGLang's (`sglang:num_queue_reqs`,
-`sglang:num_running_reqs`, `sglang:token_usage`), and the bundled engine (vLLM names). Series of one model are combined over other labels (data-parallel `engine`
+`sglang:num_running_reqs`, `sglang:token_usage`), llama.cpp's (`llamacpp:requests_processing`,
+`requests_deferred`, `prompt_tokens_*`; it publishes no KV-cache ratio or preemptions, so those are
+absent for it), and the bundled engine (vLLM names). Series of one model are combined over other labels (data-parallel `engine`
 ranks, tp ranks): counts and counters are summed, the KV-cache ratio is averaged, since each
 rank owns its own equal share of the cache.
 
@@ -51,6 +53,12 @@ SOURCES: dict[str, tuple[str, str]] = {
     "vllm:iteration_tokens_total_count": ("engine_steps", "sum"),
     # Not exported: with the prefill histogram's sum, the engine's prefill seconds per computed token.
     "vllm:request_prefill_kv_computed_tokens_sum": ("prefill_computed_tokens", "sum"),
+    # llama.cpp (`llama-server --metrics`): slots busy and tasks deferred for want of a slot;
+    # prefix-cache hits are its reused prompt tokens, lookups those plus the ones it processed.
+    "llamacpp:requests_processing": ("requests_running", "sum"),
+    "llamacpp:requests_deferred": ("requests_waiting", "sum"),
+    "llamacpp:prompt_tokens_cached_total": ("prefix_cache_hits", "sum"),
+    "llamacpp:prompt_tokens_total": ("prefix_cache_queries", "sum"),
 }
 
 # source histogram family -> goodput signal
@@ -60,6 +68,8 @@ HISTOGRAM_SOURCES: dict[str, str] = {
     "vllm:request_decode_time_seconds": "decode_time",
     "sglang:queue_time_seconds": "queue_time",
 }
+# A source that also feeds a second signal: llama.cpp's cached prompt tokens were looked up too.
+ALSO: dict[str, tuple[str, str]] = {"llamacpp:prompt_tokens_cached_total": ("prefix_cache_queries", "sum")}
 
 # goodput signal -> (exported family name, type, help)
 SIGNALS: dict[str, tuple[str, str, str]] = {
@@ -102,7 +112,7 @@ class EngineSnapshot:
 
     values: dict[str, dict[str, float]] = field(default_factory=dict)
     histograms: dict[str, dict[str, HistogramValue]] = field(default_factory=dict)
-    flavour: str | None = None       # vllm | sglang | None (nothing recognised)
+    flavour: str | None = None       # vllm | sglang | llamacpp | None (nothing recognised)
 
     def prefill_seconds_per_token(self, model: str) -> float | None:
         """The engine's measured prefill time per computed prompt token (vLLM and the bundled
@@ -134,14 +144,14 @@ def normalise(text: str, models: ModelLabels, single_model: str | None = None) -
             source = SOURCES.get(sample.name)
             if source is None:
                 continue
-            signal, combine = source
             value = float(sample.value)
             if math.isnan(value):
                 continue
             flavour = flavour or sample.name.split(":", 1)[0]
             model = _model_of(sample.labels, models, single_model)
-            sums.setdefault((signal, model), []).append(value)
-            how[signal] = combine
+            for signal, combine in (source, ALSO[sample.name]) if sample.name in ALSO else (source,):
+                sums.setdefault((signal, model), []).append(value)
+                how[signal] = combine
     snap = EngineSnapshot(flavour=flavour)
     for (signal, model), values in sums.items():
         combined = sum(values) / len(values) if how[signal] == "mean" else sum(values)

@@ -42,11 +42,24 @@ class RequestTiming:
     engine_prefill: float | None = None  # (`timings.queue_ms` / `prompt_ms`: bundled engine, llama.cpp)
 
 
+# The fields every chunk carries; a usage chunk with anything else (llama.cpp moves its `timings`
+# there once usage is asked for) keeps that for the client when the proxy strips the usage.
+_ENVELOPE = frozenset(("id", "object", "created", "model", "system_fingerprint", "service_tier", "choices", "usage"))
+
+
+def _without_usage(obj: dict) -> bytes:
+    """The event to forward in place of a usage-only chunk the client did not ask for."""
+    if _ENVELOPE.issuperset(obj):
+        return b""
+    rest = {k: v for k, v in obj.items() if k != "usage"}
+    return b"data: " + json.dumps(rest, separators=(",", ":"), ensure_ascii=False).encode()
+
+
 class StreamTimer:
     """Feed it the response bytes as they pass; `finish()` once at the end.
 
     `strip_usage=True` is for the proxy when it asked the upstream for usage on the client's
-    behalf: `relay()` then returns the bytes to forward with the usage-only chunk removed (and
+    behalf: `relay()` then returns the bytes to forward with that usage removed (and
     holds back an incomplete trailing event until it is complete, so it can be judged whole).
     """
 
@@ -110,41 +123,47 @@ class StreamTimer:
         self._buf = buf[cut + 2:]
         head = buf[:cut]
         if b"\n\n" not in head:
-            dropped = self._event(head, now)
+            replaced = self._event(head, now)
             if not self._strip:
                 return data
-            return b"" if dropped else buf[:cut + 2]
+            if replaced is None:
+                return buf[:cut + 2]
+            return replaced + b"\n\n" if replaced else b""
         kept = []
         for event in head.split(b"\n\n"):
-            if not self._event(event, now):
+            replaced = self._event(event, now)
+            if replaced is None:
                 kept.append(event)
+            elif replaced:
+                kept.append(replaced)
         if not self._strip:
             return data
         return b"".join(e + b"\n\n" for e in kept)
 
-    def _event(self, event: bytes, now: float) -> bool:
-        """Account one complete SSE event; True if the proxy should drop it (injected usage)."""
+    def _event(self, event: bytes, now: float) -> bytes | None:
+        """Account one complete SSE event. None: forward it as is; else what to forward instead
+        (b"" drops it): only the usage the proxy asked for on the client's behalf is removed."""
         if event[:5] == b"data:" and b"\n" not in event:
             payload = event[5:]
         else:
             parts = [line[5:] for line in event.split(b"\n") if line[:5] == b"data:"]
             if not parts:
-                return False   # comments, keep-alives, event:/id: lines alone
+                return None    # comments, keep-alives, event:/id: lines alone
             payload = b"\n".join(parts)
         payload = payload.strip()
         if payload == b"[DONE]":
             self._done = True
-            return False
+            return None
         self._seen_data = True
         if self._fast_token(payload):
             self._token(now)
-            return False
+            return None
         try:
             obj = _loads(payload)
         except ValueError:
-            return False
+            return None
         if type(obj) is not dict:
-            return False
+            return None
         return self._chunk(obj, now)
 
     def _fast_token(self, p: bytes) -> bool:
@@ -182,7 +201,7 @@ class StreamTimer:
         # An opening quote followed by anything but the closing one: non-empty text.
         return p[i:i + 1] == b'"' and p[i + 1:i + 2] != b'"'
 
-    def _chunk(self, obj: dict, now: float) -> bool:
+    def _chunk(self, obj: dict, now: float) -> bytes | None:
         if self._model is None:
             model = obj.get("model")
             if isinstance(model, str):
@@ -190,7 +209,7 @@ class StreamTimer:
         err = obj.get("error")
         if err is not None or obj.get("object") == "error":
             self._set_error(err if isinstance(err, dict) else obj)
-            return False
+            return None
         usage = obj.get("usage")
         if usage:
             self._usage = usage
@@ -199,7 +218,7 @@ class StreamTimer:
             self._timings = timings
         choices = obj.get("choices")
         if not choices:
-            return bool(usage) and self._strip
+            return _without_usage(obj) if usage and self._strip else None
         tokens = 0
         texts = self._texts
         for choice in choices:
@@ -219,7 +238,7 @@ class StreamTimer:
                 self._finish.append(reason)
         if tokens:
             self._token(now, tokens)
-        return False
+        return None
 
     def _set_error(self, err: dict) -> None:
         if self._error is None:

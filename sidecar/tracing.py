@@ -58,18 +58,23 @@ class RequestSpan:
     __slots__ = ("span", "_start_wall_ns", "_start_perf", "_operation", "_ended")
 
     def __init__(self, tracer, operation: str, incoming_headers, start_perf: float,
-                 server_address: str, server_port: int | None):
+                 server_address: str, server_port: int | None, provider_name: str = "openai"):
         context = _PROPAGATOR.extract(incoming_headers, getter=_HeaderGetter())
         self._start_wall_ns = time.time_ns()
         self._start_perf = start_perf
         self._operation = operation
-        attrs = {"gen_ai.operation.name": operation, "server.address": server_address}
+        attrs = {"gen_ai.operation.name": operation, "gen_ai.provider.name": provider_name,
+                 "server.address": server_address}
         if server_port is not None:
             attrs["server.port"] = server_port
         # Named `{operation} {model}` once the body has been read (request_attributes).
         self.span = tracer.start_span(operation, context=context, kind=SpanKind.SERVER, attributes=attrs,
                                       start_time=self._start_wall_ns)
         self._ended = False
+
+    @property
+    def operation(self) -> str:
+        return self._operation
 
     def inject(self, headers: dict) -> None:
         """Write `traceparent` (and `tracestate`) for the upstream request into `headers`."""

@@ -170,3 +170,13 @@ def test_collector_exports_the_ttft_split_of_the_bundled_engine():
     # vLLM's buckets pass through unchanged (0.3 s is its first request-latency bucket).
     assert get("goodput_engine_queue_time_seconds_bucket", {"model": "tiny", "le": "0.3"}) == 3.0
     assert collector.prefill_seconds_per_token("tiny") > 0
+
+
+def test_llamacpp_capture():
+    # Captured from llama-server --metrics (-np 1, --threads-http 8) serving SmolLM2 while one
+    # request decoded in its single slot and two more waited for it; llama.cpp has no model label.
+    s = snap("llamacpp.txt", single="smollm2")
+    assert s.flavour == "llamacpp"
+    # Prefix-cache lookups are the prompt tokens it processed (40) plus those it reused (38).
+    assert s.values == {"requests_running": {"smollm2": 1.0}, "requests_waiting": {"smollm2": 2.0},
+                        "prefix_cache_hits": {"smollm2": 38.0}, "prefix_cache_queries": {"smollm2": 78.0}}

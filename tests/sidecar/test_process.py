@@ -75,11 +75,14 @@ def test_drain_finishes_in_flight_streams_refuses_new_ones_and_exits_0(start_ser
 
 class _Receiver(BaseHTTPRequestHandler):
     bodies: list[bytes] = []
+    metrics: list[bytes] = []
 
     def do_POST(self):
         data = self.rfile.read(int(self.headers["Content-Length"]))
         if self.path == "/v1/traces":
             type(self).bodies.append(data)
+        elif self.path == "/v1/metrics":
+            type(self).metrics.append(data)
         self.send_response(200)
         self.send_header("Content-Type", "application/x-protobuf")
         self.send_header("Content-Length", "0")
@@ -93,13 +96,13 @@ def test_spans_reach_an_otlp_http_receiver_without_secrets(start_server, upstrea
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     otlp_port = free_port()
-    _Receiver.bodies = []
+    _Receiver.bodies, _Receiver.metrics = [], []
     receiver = ThreadingHTTPServer(("127.0.0.1", otlp_port), _Receiver)
     threading.Thread(target=receiver.serve_forever, daemon=True).start()
     try:
         side = start_server(sidecar_cmd(upstream, port, "--log-level", "debug"), f"http://127.0.0.1:{port}/healthz",
                             name="sidecar", env={"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{otlp_port}",
-                                                 "OTEL_BSP_SCHEDULE_DELAY": "100"})
+                                                 "OTEL_BSP_SCHEDULE_DELAY": "100", "OTEL_METRIC_EXPORT_INTERVAL": "100"})
         httpx.post(f"http://127.0.0.1:{port}{CHAT}", timeout=10, headers={"Authorization": "Bearer sk-otlp-secret"},
                    json={"model": "scripted", "messages": [{"role": "user", "content": "SECRET-PROMPT"}],
                          "max_tokens": 3, "stream": True, "script": {"ttft": 0.02, "itl": 0.01}})
@@ -116,7 +119,11 @@ def test_spans_reach_an_otlp_http_receiver_without_secrets(start_server, upstrea
         assert attrs["gen_ai.usage.output_tokens"].int_value == 3
         assert 0.02 <= attrs["goodput.ttft_seconds"].double_value < 0.1
         assert spans[0].kind == 2    # SPAN_KIND_SERVER
-        raw = b"".join(_Receiver.bodies)
+        # The same endpoint gets the GenAI metrics too (sidecar/otel_metrics.py; values: test_otel_metrics).
+        while not any(b"gen_ai.server.request.duration" in m for m in _Receiver.metrics) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert any(b"gen_ai.server.time_to_first_token" in m for m in _Receiver.metrics)
+        raw = b"".join(_Receiver.bodies + _Receiver.metrics)
         side.stop()
         for secret in (b"SECRET-PROMPT", b"sk-otlp-secret"):
             assert secret not in raw

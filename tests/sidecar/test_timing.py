@@ -117,6 +117,26 @@ def test_strip_usage_removes_only_the_injected_usage_event():
     assert r.usage_seen and r.output_tokens == 3 and r.input_tokens == 5
 
 
+def test_strip_usage_keeps_what_else_the_usage_chunk_carries():
+    # llama.cpp, once asked for usage, moves its per-request `timings` from the last content chunk
+    # into the usage chunk: a client that never asked for usage must still get the timings.
+    timings = {"prompt_n": 5, "prompt_ms": 12.5, "predicted_n": 3, "predicted_per_token_ms": 9.25}
+    usage = {"completion_tokens": 3, "prompt_tokens": 5, "total_tokens": 8}
+    chunk = {"choices": [], "created": 1, "id": "chatcmpl-x", "model": "m", "system_fingerprint": "b1",
+             "object": "chat.completion.chunk", "usage": usage, "timings": timings}
+    raw = b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+    t = StreamTimer(0.0, "chat", strip_usage=True)
+    token = chat_chunk(content="hi", finish="stop")
+    out = t.relay(token + raw[:40], 0.1) + t.relay(raw[40:] + DONE, 0.2)
+    forwarded = json.loads(out[len(token):-len(DONE)].removeprefix(b"data: "))
+    # Everything but the usage the sidecar asked for, in the engine's key order.
+    assert forwarded == {k: v for k, v in chunk.items() if k != "usage"}
+    assert list(forwarded) == [k for k in chunk if k != "usage"]
+    assert out.startswith(token) and out.endswith(DONE)
+    r = t.finish(0.2)
+    assert r.usage_seen and r.output_tokens == 3 and r.input_tokens == 5
+
+
 def test_without_strip_relay_returns_the_same_bytes_object():
     t = StreamTimer(0.0, "chat")
     data = chat_chunk(content="x") + usage_chunk()
