@@ -59,8 +59,10 @@ def make_app(loop: EngineLoop, served_names: list[str], registry: CollectorRegis
     async def handle(request: Request, chat: bool):
         try:
             body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except ValueError as exc:      # JSONDecodeError, UnicodeDecodeError, an integer past 4,300 digits
             return err(400, f"the request body is not valid JSON: {exc}")
+        except RecursionError:
+            return err(400, "the request body nests JSON deeper than this server parses (about 1,000 levels)")
         try:
             parsed = protocol.parse(body, chat, served_names, tokenizer, max_total)
             if parsed.salt is None and request.headers.get("x-tenant"):
