@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine import protocol
+from engine import openapi, protocol
 from engine.core import RequestRejected
 from engine.engine_loop import EngineError, EngineLoop
 
@@ -80,11 +80,11 @@ def make_app(loop: EngineLoop, served_names: list[str], registry: CollectorRegis
                                      headers={"Cache-Control": "no-cache", "X-Request-Id": req_id})
         return await _complete(loop, request, req_id, parsed, queue, err)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=openapi.operation(openapi.COMPLETION))
     async def completions(request: Request):
         return await handle(request, chat=False)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=openapi.operation(openapi.CHAT))
     async def chat_completions(request: Request):
         return await handle(request, chat=True)
 

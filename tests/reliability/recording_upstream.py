@@ -27,7 +27,7 @@ class Received:
 
 @dataclass
 class RecordingUpstream:
-    received: list[Received] = field(default_factory=list)
+    received: list[Received] = field(default_factory=list, repr=False)
     protocol_errors: list[str] = field(default_factory=list)   # requests it could not parse
     port: int = 0
     _server: asyncio.base_events.Server | None = None
