@@ -168,6 +168,11 @@ class Sidecar:
                                            upstream_headers(request, measured=False), body or None)
         except BodyTooLarge:
             return self._too_large()
+        except BadRequestBody as exc:
+            self.metrics.malformed.inc()      # unmeasured, so counted here (measured ones: an error)
+            out = error_response(400, str(exc), "invalid_request_error")
+            out.force_close()
+            return out
         except UpstreamFailed as exc:
             return error_response(exc.status, exc.message, exc.error_type)
         try:
@@ -238,7 +243,10 @@ class Sidecar:
         except BadRequestBody as exc:
             # Refused before anything was sent upstream; counted once below, as an error.
             error_type = "invalid_request_error"
-            return error_response(400, str(exc), error_type)
+            out = error_response(400, str(exc), error_type)
+            if exc.close:
+                out.force_close()
+            return out
         except (asyncio.CancelledError, ConnectionResetError):
             if self._forced:
                 error_type = "drain_timeout"

@@ -31,7 +31,12 @@ class BodyTooLarge(Exception):
 
 
 class BadRequestBody(Exception):
-    """The request body cannot be read or parsed: a 400 in OpenAI's shape, counted as an error."""
+    """The request body cannot be read or parsed: a 400 in OpenAI's shape, counted as an error.
+    `close`: the framing is broken, so the connection cannot carry another request."""
+
+    def __init__(self, message: str, close: bool = False):
+        super().__init__(message)
+        self.close = close
 
 
 def error_body(message: str, error_type: str, code: int) -> bytes:
@@ -56,7 +61,8 @@ async def read_body(request: web.BaseRequest, limit: int) -> bytes:
             chunk = await request.content.readany()
         except HttpProcessingError as exc:
             # Bad chunked framing found after the handler started (a bad size in a later chunk).
-            raise BadRequestBody(f"the request body is not valid HTTP/1.1 framing ({type(exc).__name__})") from None
+            raise BadRequestBody(f"the request body is not valid HTTP/1.1 framing ({type(exc).__name__})",
+                                 close=True) from None
         if not chunk:
             break
         size += len(chunk)

@@ -12,7 +12,7 @@ import re
 import signal
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_protocol import RequestHandler, _ErrInfo
 
 from sidecar.app import Sidecar
 from sidecar.ratelog import RateLimitedLog
@@ -33,6 +33,20 @@ class _Connection(RequestHandler):
     client could flood the log. Here the answer is a 400 in OpenAI's error shape, counted in
     goodput_malformed_requests_total, with at most one short log line per kind every 10 s.
     """
+
+    def data_received(self, data: bytes) -> None:
+        queued = len(self._messages)
+        super().data_received(data)
+        request = self._current_request
+        if (request is not None and len(self._messages) > queued and isinstance(self._messages[-1][0], _ErrInfo)
+                and not request.content.is_eof()):
+            # The body of the request being handled turned out malformed (a bad chunk size after
+            # the headers arrived). aiohttp queues the error behind the running handler, which
+            # would wait for the rest of the body forever; hand it to the handler's body instead
+            # (read_body turns it into a 400, and the connection closes). No lingering read of
+            # the rest: it would raise the same error again, outside any handler.
+            request.content.set_exception(self._messages[-1][0].exc)
+            self._lingering_time = 0.0
 
     def handle_error(self, request, status=500, exc=None, message=None):
         if request.writer.output_size > 0:

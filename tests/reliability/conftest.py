@@ -67,9 +67,11 @@ class Target:
         deadline = time.monotonic() + timeout
         while True:
             counts = self.counted()
-            if (self.live.app.active == 0 and counts["arrived"] == counts["finished"]
-                    and counts["in_flight"] == 0) or time.monotonic() > deadline:
+            if self.live.app.active == 0 and counts["arrived"] == counts["finished"] and counts["in_flight"] == 0:
                 return counts
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the sidecar did not settle in {timeout:g} s: {self.live.app.active} "
+                                     f"handler(s) running, {counts}")
             time.sleep(0.005)
 
     def everything_recorded(self) -> str:
