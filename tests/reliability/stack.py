@@ -31,7 +31,8 @@ class Engine:
 
     def start(self) -> None:
         self.proc = ServerProcess(goodput_command("engine", "serve", "--model", "tiny", "--port", str(self.port),
-                                                  "--num-blocks", str(self.num_blocks), "--max-model-len", "2048"),
+                                                  "--num-blocks", str(self.num_blocks), "--max-model-len", "2048",
+                                                  "--max-num-seqs", "128"),
                                   self.url + "/health", timeout=120, name="engine-tiny")
 
     def gauges(self) -> dict[str, float]:
