@@ -45,6 +45,8 @@ _SIDECAR = [
     Metric("goodput_engine_prefix_cache_hits_total", "counter", ("model",), "sidecar"),
     Metric("goodput_engine_up", "gauge", (), "sidecar"),
     Metric("goodput_draining", "gauge", (), "sidecar"),
+    # Refused at the HTTP layer (not valid HTTP/1.1): no model or class, so not a request outcome.
+    Metric("goodput_malformed_requests_total", "counter", (), "sidecar"),
 ]
 
 _FORECASTER = [
@@ -54,6 +56,8 @@ _FORECASTER = [
     Metric("goodput_observed_replicas", "gauge", (), "forecaster"),
     Metric("goodput_replica_capacity_requests_per_second", "gauge", (), "forecaster"),
     Metric("goodput_forecast_model_info", "gauge", ("model_name",), "forecaster"),
+    # Steps that kept the last decision because the input was bad (reasons: forecaster/server.py).
+    Metric("goodput_forecaster_source_errors_total", "counter", ("reason",), "forecaster"),
 ]
 
 METRICS: dict[str, Metric] = {m.name: m for m in _SIDECAR + _FORECASTER}

@@ -27,6 +27,8 @@ GROUP = "external.metrics.k8s.io"
 VERSION = "v1beta1"
 GROUP_VERSION = f"{GROUP}/{VERSION}"
 EXTERNAL_METRICS = ("goodput_desired_replicas", "goodput_forecast_queue_depth", "goodput_forecast_arrival_rate")
+# Why a step kept the last decision (forecaster/runner.py says what each means).
+SOURCE_ERROR_REASONS = ("unreachable", "no_sample", "non_finite", "negative", "bad_decision")
 
 
 @dataclass
@@ -44,6 +46,12 @@ class ForecastState:
         self.horizon_seconds = horizon_seconds
         self._lock = threading.Lock()
         self._published: Published | None = None
+        self.source_errors = {reason: 0 for reason in SOURCE_ERROR_REASONS}
+
+    def note_source_error(self, reason: str) -> None:
+        """A step that kept the last decision because its input was bad (forecaster/runner.py)."""
+        with self._lock:
+            self.source_errors[reason] = self.source_errors.get(reason, 0) + 1
 
     def publish(self, decision: Decision, observed_replicas: int) -> None:
         with self._lock:
@@ -66,8 +74,13 @@ class ForecastCollector:
         self.state = state
 
     def collect(self):
-        from prometheus_client.core import GaugeMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+        errors = CounterMetricFamily("goodput_forecaster_source_errors", "Steps that kept the last decision because "
+                                     "their input was bad, by reason", labels=["reason"])
+        for reason, count in sorted(self.state.source_errors.items()):
+            errors.add_metric([reason], count)
+        yield errors
         p = self.state.get()
         if p is None:
             return

@@ -41,7 +41,8 @@ def test_sidecar_exposes_every_contract_metric_with_its_type(start_server, port)
 
 def test_contract_lists_every_design_metric_once():
     # DESIGN.md's tables: 19 sidecar metrics and 6 forecaster metrics, plus
-    # goodput_requests_arrived_total (the slo-capacity issue).
-    assert len(contract.by_source("sidecar")) == 20
-    assert len(contract.by_source("forecaster")) == 6
-    assert len(contract.METRICS) == 26
+    # goodput_requests_arrived_total (the slo-capacity issue), goodput_malformed_requests_total and
+    # goodput_forecaster_source_errors_total (the reliability issue).
+    assert len(contract.by_source("sidecar")) == 21
+    assert len(contract.by_source("forecaster")) == 7
+    assert len(contract.METRICS) == 28
