@@ -52,6 +52,7 @@ PROVIDERS = [
     "dashboards.cli",
     "sidecar.loadgen.cli",
     "goodput_cli.demo",
+    "goodput_cli.soak",
 ]
 
 
