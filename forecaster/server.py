@@ -13,6 +13,7 @@ Prometheus scrapes the first without TLS, the API server's aggregation layer req
 from __future__ import annotations
 
 import json
+import logging
 import ssl
 import threading
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from urllib.parse import parse_qs, urlsplit
 
 from forecaster.policy import Decision
 from forecaster.selectors import parse_selector
+
+log = logging.getLogger("goodput.forecaster")
 
 GROUP = "external.metrics.k8s.io"
 VERSION = "v1beta1"
@@ -182,6 +185,14 @@ def _handler(routes):
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        timeout = 10    # a client that stalls (mid-handshake or mid-request) is dropped, not waited for
+
+        def setup(self):
+            super().setup()
+            if isinstance(self.request, ssl.SSLSocket):
+                # The handshake runs here, in this connection's thread, not in the accept loop
+                # (where one client that never finishes it would stop every other).
+                self.request.do_handshake()
 
         def do_GET(self):  # noqa: N802 - http.server's naming
             url = urlsplit(self.path)
@@ -221,11 +232,21 @@ def api_routes(api: ExternalMetricsAPI):
     return routes
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        # socketserver prints a traceback to stderr for every failed connection; a refused TLS
+        # client (no or wrong certificate) or a dropped one is routine, and any client can cause
+        # it: one line at DEBUG.
+        import sys
+        exc = sys.exc_info()[1]
+        log.debug("API connection from %s ended: %s: %s", client_address[0], type(exc).__name__, str(exc)[:120])
+
+
 def start_server(routes, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> ThreadingHTTPServer:
     """Starts a threaded HTTP(S) server in a daemon thread; call .shutdown() to stop it."""
-    server = ThreadingHTTPServer((host, port), _handler(routes))
+    server = _Server((host, port), _handler(routes))
     server.daemon_threads = True
     if ssl_context is not None:
-        server.socket = ssl_context.wrap_socket(server.socket, server_side=True)
+        server.socket = ssl_context.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
     threading.Thread(target=server.serve_forever, name=f"http-{port}", daemon=True).start()
     return server
