@@ -88,6 +88,7 @@ def assert_accounted(live, engine, sent: int, before: float) -> None:
     assert gauges == {"num_requests_running": 0, "num_requests_waiting": 0, "kv_cache_usage_perc": 0}, gauges
 
 
+@pytest.mark.slow
 def test_engine_killed_mid_stream_and_restarted(stack, engine):
     before = sum(outcomes(stack).values())
     load = Load(stack.url, rate=20, count=30, output_tokens=96, headers=AUTH)
@@ -156,6 +157,7 @@ def test_a_hundred_clients_disconnecting_mid_stream_at_once(stack, engine):
     assert after["cancelled"] - before["cancelled"] == 100, {k: after[k] - before[k] for k in after}
 
 
+@pytest.mark.slow
 def test_sidecar_sigterm_with_streams_open_drains_them(engine, logs):
     port = free_port()
     proc = ServerProcess(goodput_command("sidecar", "run", "--upstream", engine.url, "--port", str(port),
