@@ -57,6 +57,12 @@ def stack(engine, logs, request):
     runner.close()
 
 
+def keep_errors(records) -> list:
+    """The client-side error messages (what the sidecar told the client) go into the canary search."""
+    RECORDED.extend(str(r.error) for r in records if r.error)
+    return records
+
+
 def outcomes(live) -> dict[str, float]:
     sums = {"good": 0.0, "slo_violated": 0.0, "error": 0.0, "cancelled": 0.0, "shed": 0.0}
     for family in live.registry.collect():
@@ -94,7 +100,7 @@ def test_engine_killed_mid_stream_and_restarted(stack, engine):
     load = Load(stack.url, rate=20, count=30, output_tokens=96, headers=AUTH)
     time.sleep(0.8)
     engine.proc.signal(signal.SIGKILL)
-    records = load.join()
+    records = keep_errors(load.join())
     got = load.outcomes()
     assert got.get("error", 0) >= 1, got          # streams cut mid-way and refused connections
     engine.start()                                # same port: the sidecar needs no restart
@@ -113,7 +119,7 @@ def test_engine_stopped_past_the_upstream_timeout_then_continued(stack, engine):
         time.sleep(2.5)                           # the upstream timeout is 1 s
     finally:
         engine.proc.signal(signal.SIGCONT)
-    records = load.join()
+    records = keep_errors(load.join())
     assert load.outcomes().get("error", 0) >= 1, load.outcomes()
     assert any("upstream_timeout" in (r.error or "") or "timed out" in (r.error or "") or "nothing for too long" in (r.error or "")
                for r in records), [r.error for r in records]
