@@ -61,6 +61,8 @@ _SIDECAR = [
     Metric("goodput_prompt_movable_tokens_total", "counter", ("model",), "sidecar"),
     Metric("goodput_prompt_ttft_saving_seconds_total", "counter", ("model",), "sidecar"),
     Metric("goodput_prompt_volatile_span_offset_tokens", "histogram", ("model",), "sidecar"),
+    # Refused at the HTTP layer (not valid HTTP/1.1): no model or class, so not a request outcome.
+    Metric("goodput_malformed_requests_total", "counter", (), "sidecar"),
 ]
 
 _FORECASTER = [
@@ -84,6 +86,8 @@ _FORECASTER = [
     Metric("goodput_forecast_error_absolute", "gauge", ("quantity", "horizon_seconds"), "forecaster"),
     Metric("goodput_forecast_error_ratio", "gauge", ("quantity", "horizon_seconds"), "forecaster"),
     Metric("goodput_forecast_error_upper_coverage_ratio", "gauge", ("quantity", "horizon_seconds"), "forecaster"),
+    # Steps that kept the last decision because the input was bad (reasons: forecaster/server.py).
+    Metric("goodput_forecaster_source_errors_total", "counter", ("reason",), "forecaster"),
 ]
 
 METRICS: dict[str, Metric] = {m.name: m for m in _SIDECAR + _FORECASTER}

@@ -128,6 +128,12 @@ def engine_rules(config: RulesConfig) -> tuple[list[dict], list[dict]]:
                "Sidecar {{ $labels.instance }} has been draining for over " + config.drain_alert_after,
                "A drain should finish within the sidecar's --drain-timeout; a pod still draining means "
                "streams that never end or a preStop hook that never returns, and it blocks rollouts."),
+        _alert(config, "GoodputMalformedRequestFlood",
+               f"sum by (instance) (rate({m('goodput_malformed_requests_total')}[5m])) > 1", "10m", "warning",
+               "Sidecar {{ $labels.instance }} refuses {{ $value | printf \"%.1f\" }} malformed requests/s",
+               "Requests that are not valid HTTP/1.1 (conflicting lengths, bad chunked framing, oversize "
+               "headers) keep arriving; each gets a 400 and at most one log line in 10 s. A broken "
+               "client, a misconfigured load balancer, or someone probing for request smuggling."),
         _alert(config, "GoodputNoTraffic",
                f"sum by (model) (rate({requests}[{config.no_traffic_window}])) == 0\n"
                f"and\nsum by (model) (increase({requests}[1d])) > 0",
@@ -153,6 +159,13 @@ def autoscaling_alerts(config: RulesConfig) -> list[dict]:
                "Requests keep queueing and the HPA is at its maximum replicas",
                "The engines' waiting queue has grown for 10 minutes while the HPA cannot add replicas: "
                "raise maxReplicas (and the GPU quota behind it) or shed load."),
+        _alert(config, "GoodputForecasterInputBad",
+               f"sum by (reason) (increase({m('goodput_forecaster_source_errors_total')}[5m])) > 10", "5m",
+               "warning",
+               "The forecaster holds its last decision: its input is bad ({{ $labels.reason }})",
+               "Most forecaster steps in the last 5 minutes found their source unreachable or its data "
+               "unusable (reason {{ $labels.reason }}), so the desired replica count is frozen at its "
+               "last safe value and cannot follow demand up. See the forecaster's log for the cause."),
         _alert(config, "GoodputForecastAboveCapacityAtMaxReplicas",
                f'max({upper}{{bound="upper"}})\n> on ()\n(max({capacity}) * on () max({maximum}))',
                "10m", "warning",

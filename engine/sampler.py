@@ -39,7 +39,13 @@ class Sampler:
                 sorted_p, idx = torch.sort(probs, descending=True)
                 # Keep the smallest set whose mass reaches top_p (the first token always stays).
                 drop = (sorted_p.cumsum(0) - sorted_p) >= p.top_p
+                drop[0] = False     # a top_p below float32's smallest value rounds to 0 and dropped it
                 sorted_p = sorted_p.masked_fill(drop, 0.0)
                 probs = torch.zeros_like(probs).scatter_(0, idx, sorted_p)
+            total = float(probs.sum())
+            if not (total > 0 and total < float("inf")):
+                # A temperature so small that logits / T overflowed: the limit is greedy. Sampling
+                # would raise and fail every request in the batch, not just this one.
+                continue
             out[i] = int(torch.multinomial(probs, 1, generator=self._generator(rid, p)))
         return out

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine import protocol
+from engine import openapi, protocol
 from engine.core import RequestRejected
 from engine.engine_loop import EngineError, EngineLoop
 
@@ -59,8 +59,10 @@ def make_app(loop: EngineLoop, served_names: list[str], registry: CollectorRegis
     async def handle(request: Request, chat: bool):
         try:
             body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except ValueError as exc:      # JSONDecodeError, UnicodeDecodeError, an integer past 4,300 digits
             return err(400, f"the request body is not valid JSON: {exc}")
+        except RecursionError:
+            return err(400, "the request body nests JSON deeper than this server parses (about 1,000 levels)")
         try:
             parsed = protocol.parse(body, chat, served_names, tokenizer, max_total)
             if parsed.salt is None and request.headers.get("x-tenant"):
@@ -78,11 +80,11 @@ def make_app(loop: EngineLoop, served_names: list[str], registry: CollectorRegis
                                      headers={"Cache-Control": "no-cache", "X-Request-Id": req_id})
         return await _complete(loop, request, req_id, parsed, queue, err)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=openapi.operation(openapi.COMPLETION))
     async def completions(request: Request):
         return await handle(request, chat=False)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=openapi.operation(openapi.CHAT))
     async def chat_completions(request: Request):
         return await handle(request, chat=True)
 

@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("the KEDA external scaler (--keda-grpc-port) serves TLS with --tls-cert-file and "
                              "--tls-private-key-file (or --self-signed for development, or --keda-grpc-plaintext)")
         try:
-            ssl_ctx = server_context(cert, key)
+            ssl_ctx = server_context(cert, key, args.tls_client_ca_file)
         except (ValueError, OSError) as exc:
             raise UsageError(str(exc)) from None
         if not args.api_port:
@@ -178,6 +178,8 @@ def add_run_command(registry) -> None:
                      help="serve --keda-grpc-port without TLS (a trusted network only)")
     out.add_argument("--tls-cert-file", default=None)
     out.add_argument("--tls-private-key-file", default=None)
+    out.add_argument("--tls-client-ca-file", default=None,
+                     help="require API clients to present a certificate signed by this CA (PEM); default: any client")
     out.add_argument("--self-signed", action="store_true", help="generate a self-signed certificate (development)")
     out.add_argument("--tls-dir", default=None, help="where --self-signed writes cert.pem/key.pem (default: a temp dir)")
     out.add_argument("--tls-host", action="append", help="SAN for --self-signed (repeatable; default localhost, 127.0.0.1)")

@@ -1,21 +1,54 @@
 """The forecaster's loop: every step, read the fleet, decide, publish.
 
 One owner each: the source reads, the policy decides, ForecastState holds what the servers show.
-A step whose source fails keeps the last published decision (and logs why); the next good
-sample continues the history, whose gap the series code bridges.
+A step whose input is bad keeps the last published decision, logs why and counts the reason in
+goodput_forecaster_source_errors_total: the source failed (`unreachable`), answered nothing
+usable (`no_sample`), a sample held NaN, infinite or negative values (`non_finite`, `negative`),
+or the decision itself came out non-finite or below one replica (`bad_decision`). The next good
+sample continues the history, whose gap the series code bridges. Holding never scales down, so
+an outage of the signals cannot take replicas away.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 
-from forecaster.policy import Decision, ForecastPolicy
+from forecaster.policy import Decision, FleetSample, ForecastPolicy
 from forecaster.scoring import ForecastScorer
 from forecaster.server import ForecastState
 
 log = logging.getLogger("goodput.forecaster")
+# Counters and gauges that must be finite and >= 0 (kv_cache_usage may be NaN: no replica reports it).
+_CHECKED = ("arrivals_total", "input_tokens_total", "output_tokens_total", "in_flight", "queue_waiting", "running",
+            "preemptions_total", "good_total")
+
+
+def sample_problem(sample: FleetSample) -> str | None:
+    """Why a sample cannot be used (a reason label), or None."""
+    for name in _CHECKED:
+        value = getattr(sample, name)
+        if value is None:
+            continue
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            return "non_finite"
+        if value < 0:
+            return "negative"
+    if not isinstance(sample.ready_replicas, int) or sample.ready_replicas < 0:
+        return "negative"
+    return None
+
+
+def decision_problem(decision: Decision) -> str | None:
+    values = (decision.queue_depth_mean, decision.queue_depth_upper, decision.arrival_rate_mean,
+              decision.arrival_rate_upper, decision.capacity_rps, decision.desired_replicas)
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+        return "bad_decision"
+    if decision.desired_replicas < 1:
+        return "bad_decision"
+    return None
 
 
 class Runner:
@@ -49,12 +82,20 @@ class Runner:
             sample = self.source.poll(now)
         except Exception as exc:  # noqa: BLE001 - the loop must outlive a bad scrape
             self.num_source_errors += 1
-            log.warning("reading the fleet failed: %s", exc)
-            return None
+            return self._hold("unreachable", f"reading the fleet failed: {exc}")
         if sample is None:
-            return None
+            return self._hold("no_sample", "no source answered with a usable sample")
+        problem = sample_problem(sample)
+        if problem is not None:
+            return self._hold(problem, f"the fleet sample has {problem.replace('_', '-')} values: {sample}")
         self.policy.observe(sample)
-        decision = self.policy.decide(now, self.source.starting_replicas())
+        try:
+            decision = self.policy.decide(now, self.source.starting_replicas())
+        except Exception as exc:  # noqa: BLE001 - a bad decision must not end the loop either
+            return self._hold("bad_decision", f"deciding failed: {type(exc).__name__}: {exc}")
+        problem = decision_problem(decision)
+        if problem is not None:
+            return self._hold(problem, f"the decision is unusable: {decision}")
         self._score(now, sample, decision)
         self.state.publish(decision, sample.ready_replicas, self.scorer.scores)
         self.num_steps += 1
@@ -82,6 +123,14 @@ class Runner:
             if values:
                 forecasts[quantity] = next(iter(values.values()))
         self.scorer.record(now, self.state.horizon_seconds, forecasts)
+
+    def _hold(self, reason: str, message: str) -> None:
+        """Keep the last published decision (never scale down on bad input); say why."""
+        self.state.note_source_error(reason)
+        held = self.state.get()
+        log.warning("%s; keeping desired=%s (%s)", message,
+                    held.decision.desired_replicas if held else "unpublished", reason)
+        return None
 
     def run(self, stop: threading.Event) -> None:
         next_at = self.clock()

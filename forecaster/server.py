@@ -14,6 +14,7 @@ The API port also answers KEDA's metrics-api scaler at /keda/v1/scaler (forecast
 from __future__ import annotations
 
 import json
+import logging
 import ssl
 import threading
 from dataclasses import dataclass
@@ -24,10 +25,14 @@ from urllib.parse import parse_qs, urlsplit
 from forecaster.policy import Decision
 from forecaster.selectors import parse_selector
 
+log = logging.getLogger("goodput.forecaster")
+
 GROUP = "external.metrics.k8s.io"
 VERSION = "v1beta1"
 GROUP_VERSION = f"{GROUP}/{VERSION}"
 EXTERNAL_METRICS = ("goodput_desired_replicas", "goodput_forecast_queue_depth", "goodput_forecast_arrival_rate")
+# Why a step kept the last decision (forecaster/runner.py says what each means).
+SOURCE_ERROR_REASONS = ("unreachable", "no_sample", "non_finite", "negative", "bad_decision")
 
 
 @dataclass
@@ -46,6 +51,12 @@ class ForecastState:
         self.horizon_seconds = horizon_seconds
         self._lock = threading.Lock()
         self._published: Published | None = None
+        self.source_errors = {reason: 0 for reason in SOURCE_ERROR_REASONS}
+
+    def note_source_error(self, reason: str) -> None:
+        """A step that kept the last decision because its input was bad (forecaster/runner.py)."""
+        with self._lock:
+            self.source_errors[reason] = self.source_errors.get(reason, 0) + 1
 
     def publish(self, decision: Decision, observed_replicas: int, scores: dict | None = None) -> None:
         with self._lock:
@@ -68,8 +79,13 @@ class ForecastCollector:
         self.state = state
 
     def collect(self):
-        from prometheus_client.core import GaugeMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+        errors = CounterMetricFamily("goodput_forecaster_source_errors", "Steps that kept the last decision because "
+                                     "their input was bad, by reason", labels=["reason"])
+        for reason, count in sorted(self.state.source_errors.items()):
+            errors.add_metric([reason], count)
+        yield errors
         p = self.state.get()
         if p is None:
             return
@@ -247,6 +263,14 @@ def _handler(routes):
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        timeout = 10    # a client that stalls (mid-handshake or mid-request) is dropped, not waited for
+
+        def setup(self):
+            super().setup()
+            if isinstance(self.request, ssl.SSLSocket):
+                # The handshake runs here, in this connection's thread, not in the accept loop
+                # (where one client that never finishes it would stop every other).
+                self.request.do_handshake()
 
         def do_GET(self):  # noqa: N802 - http.server's naming
             url = urlsplit(self.path)
@@ -291,11 +315,21 @@ def api_routes(api: ExternalMetricsAPI):
     return routes
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        # socketserver prints a traceback to stderr for every failed connection; a refused TLS
+        # client (no or wrong certificate) or a dropped one is routine, and any client can cause
+        # it: one line at DEBUG.
+        import sys
+        exc = sys.exc_info()[1]
+        log.debug("API connection from %s ended: %s: %s", client_address[0], type(exc).__name__, str(exc)[:120])
+
+
 def start_server(routes, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> ThreadingHTTPServer:
     """Starts a threaded HTTP(S) server in a daemon thread; call .shutdown() to stop it."""
-    server = ThreadingHTTPServer((host, port), _handler(routes))
+    server = _Server((host, port), _handler(routes))
     server.daemon_threads = True
     if ssl_context is not None:
-        server.socket = ssl_context.wrap_socket(server.socket, server_side=True)
+        server.socket = ssl_context.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
     threading.Thread(target=server.serve_forever, name=f"http-{port}", daemon=True).start()
     return server

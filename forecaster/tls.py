@@ -45,11 +45,20 @@ def self_signed(directory: str | Path | None = None, hosts: tuple[str, ...] = ("
     return cert_path, key_path
 
 
-def server_context(cert_file: str | Path, key_file: str | Path) -> ssl.SSLContext:
+def server_context(cert_file: str | Path, key_file: str | Path, client_ca_file: str | Path | None = None) -> ssl.SSLContext:
+    """TLS 1.2+ with this certificate. With `client_ca_file`, clients must present a certificate
+    signed by that CA (kube-apiserver's aggregation layer does, with its
+    --proxy-client-cert-file, signed by the requestheader client CA); others fail the handshake."""
     for label, path in (("--tls-cert-file", cert_file), ("--tls-private-key-file", key_file)):
         if not Path(path).is_file():
             raise ValueError(f"{label} {path} does not exist; pass a PEM file, or use --self-signed for development")
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(str(cert_file), str(key_file))
+    if client_ca_file is not None:
+        if not Path(client_ca_file).is_file():
+            raise ValueError(f"--tls-client-ca-file {client_ca_file} does not exist; pass the PEM CA bundle that signs "
+                             "the clients' certificates (in Kubernetes: the requestheader client CA)")
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.load_verify_locations(cafile=str(client_ca_file))
     return ctx

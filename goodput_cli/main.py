@@ -54,6 +54,7 @@ PROVIDERS = [
     "sidecar.loadgen.cli",
     "sidecar.advise_cli",
     "goodput_cli.demo",
+    "goodput_cli.soak",
 ]
 
 

@@ -26,7 +26,8 @@ from sidecar.config import ProxyConfig
 from sidecar.engine_metrics import EngineCollector, normalise
 from sidecar.metrics import ModelLabels, SidecarMetrics, zero_series
 from sidecar.otel_metrics import GenAiMetrics
-from sidecar.relay import (BodyTooLarge, error_response, open_upstream, read_body, relay_passthrough, relay_sse,
+from sidecar.ratelog import RateLimitedLog
+from sidecar.relay import (BadRequestBody, BodyTooLarge, error_response, open_upstream, read_body, relay_passthrough, relay_sse,
                            send_body, upstream_headers)
 from sidecar.slo import judge
 from sidecar.timing import StreamTimer
@@ -34,6 +35,7 @@ from sidecar.tracing import RequestSpan
 from sidecar.upstream import UpstreamFailed, UpstreamPool
 
 log = logging.getLogger("goodput.sidecar")
+_limited = RateLimitedLog(log)      # lines a client can trigger at will
 _clock = time.perf_counter
 OWN_PATHS = ("/healthz", "/readyz", "/metrics", "/advice")
 
@@ -175,6 +177,11 @@ class Sidecar:
                                            upstream_headers(request, measured=False), body or None)
         except BodyTooLarge:
             return self._too_large()
+        except BadRequestBody as exc:
+            self.metrics.malformed.inc()      # unmeasured, so counted here (measured ones: an error)
+            out = error_response(400, str(exc), "invalid_request_error")
+            out.force_close()
+            return out
         except UpstreamFailed as exc:
             return error_response(exc.status, exc.message, exc.error_type)
         try:
@@ -243,6 +250,13 @@ class Sidecar:
         except UpstreamFailed as exc:
             error_type = exc.error_type
             return error_response(exc.status, exc.message, exc.error_type)
+        except BadRequestBody as exc:
+            # Refused before anything was sent upstream; counted once below, as an error.
+            error_type = "invalid_request_error"
+            out = error_response(400, str(exc), error_type)
+            if exc.close:
+                out.force_close()
+            return out
         except (asyncio.CancelledError, ConnectionResetError):
             if self._forced:
                 error_type = "drain_timeout"
@@ -253,7 +267,7 @@ class Sidecar:
             raise
         except Exception as exc:
             error_type = type(exc).__name__
-            log.exception("proxy failure on %s", request.path)
+            _limited.log(logging.ERROR, error_type, "proxy failure on %s", request.path[:200], exc_info=exc)
             raise
         finally:
             if upstream is not None:
@@ -307,13 +321,20 @@ class Sidecar:
             await asyncio.sleep(self.config.engine_metrics_interval)
 
 
+_TOO_DEEP = "the request body nests JSON deeper than the sidecar parses (about 1,000 levels)"
+
+
 def _json_object(body: bytes) -> dict:
     """The request body as a dict; anything else (not JSON, a list) is forwarded as is and the
-    upstream answers with its own error, so the sidecar never rejects what the engine accepts."""
+    upstream answers with its own error, so the sidecar never rejects what the engine accepts.
+    JSON nested too deep to parse (RecursionError) is the exception: no OpenAI request nests past
+    a few levels, and forwarding what the sidecar cannot read would leave it unmeasured."""
     try:
         doc = json.loads(body)
     except ValueError:
         return {}
+    except RecursionError:
+        raise BadRequestBody(_TOO_DEEP) from None
     return doc if isinstance(doc, dict) else {}
 
 
@@ -326,7 +347,10 @@ def _with_usage(body: bytes, doc: dict, options) -> bytes:
         if end > 0:
             return body[:end] + b',"stream_options":{"include_usage":true}' + body[end:]
     doc["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
-    return json.dumps(doc).encode()
+    try:
+        return json.dumps(doc).encode()
+    except RecursionError:
+        raise BadRequestBody(_TOO_DEEP) from None
 
 
 def make_app(config: ProxyConfig, registry: CollectorRegistry, tracer_provider, meter_provider=None) -> Sidecar:

@@ -125,6 +125,10 @@ class SidecarMetrics:
         self.slo_ratio = Gauge("goodput_slo_objective_ratio", "The share of requests each SLO class should serve good.", ("slo_class",),
                                registry=registry)
         self._cache: dict[tuple[str, str], tuple] = {}
+        # Requests refused at the HTTP layer (unparseable framing): they never reach the proxy, have
+        # no model or class, and so are not in goodput_requests_total.
+        self.malformed = Counter("goodput_malformed_requests", "Requests refused with 400 because they are not valid "
+                                 "HTTP/1.1 (bad framing, conflicting lengths, oversize headers).", registry=registry)
         self.draining = Gauge("goodput_draining", "1 while the sidecar drains after SIGTERM.", registry=registry)
         for slo in slo_config.classes.values():
             self.slo_ratio.labels(slo.name).set(slo.objective)

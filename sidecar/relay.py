@@ -13,6 +13,7 @@ import json
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from sidecar.timing import StreamTimer
 from sidecar.upstream import UpstreamFailed
@@ -27,6 +28,15 @@ _DROP_RESPONSE = frozenset(("connection", "keep-alive", "proxy-authenticate", "p
 
 class BodyTooLarge(Exception):
     pass
+
+
+class BadRequestBody(Exception):
+    """The request body cannot be read or parsed: a 400 in OpenAI's shape, counted as an error.
+    `close`: the framing is broken, so the connection cannot carry another request."""
+
+    def __init__(self, message: str, close: bool = False):
+        super().__init__(message)
+        self.close = close
 
 
 def error_body(message: str, error_type: str, code: int) -> bytes:
@@ -47,7 +57,12 @@ async def read_body(request: web.BaseRequest, limit: int) -> bytes:
         request.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
     chunks, size = [], 0
     while True:
-        chunk = await request.content.readany()
+        try:
+            chunk = await request.content.readany()
+        except HttpProcessingError as exc:
+            # Bad chunked framing found after the handler started (a bad size in a later chunk).
+            raise BadRequestBody(f"the request body is not valid HTTP/1.1 framing ({type(exc).__name__})",
+                                 close=True) from None
         if not chunk:
             break
         size += len(chunk)

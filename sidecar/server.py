@@ -8,13 +8,74 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import signal
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler, _ErrInfo
 
 from sidecar.app import Sidecar
+from sidecar.ratelog import RateLimitedLog
+from sidecar.relay import error_response
 
 log = logging.getLogger("goodput.sidecar")
+_limited = RateLimitedLog(log)
+# Only a reason made of plain words is repeated to the client and the log: aiohttp's messages go
+# on to quote the offending bytes, which may carry a prompt or a bearer token.
+_PLAIN_REASON = re.compile(r"[A-Za-z0-9 '\-]{1,80}")
+
+
+class _Connection(RequestHandler):
+    """aiohttp's connection handler with its answer to malformed requests replaced.
+
+    aiohttp answers a request it cannot parse (conflicting framing, a bad chunk size, an
+    oversize header) with a text/plain 400 and logs a full traceback at ERROR each time, so any
+    client could flood the log. Here the answer is a 400 in OpenAI's error shape, counted in
+    goodput_malformed_requests_total, with at most one short log line per kind every 10 s.
+    """
+
+    def data_received(self, data: bytes) -> None:
+        queued = len(self._messages)
+        super().data_received(data)
+        request = self._current_request
+        if (request is not None and len(self._messages) > queued and isinstance(self._messages[-1][0], _ErrInfo)
+                and not request.content.is_eof()):
+            # The body of the request being handled turned out malformed (a bad chunk size after
+            # the headers arrived). aiohttp queues the error behind the running handler, which
+            # would wait for the rest of the body forever; hand it to the handler's body instead
+            # (read_body turns it into a 400, and the connection closes). No lingering read of
+            # the rest: it would raise the same error again, outside any handler.
+            request.content.set_exception(self._messages[-1][0].exc)
+            self._lingering_time = 0.0
+
+    def handle_error(self, request, status=500, exc=None, message=None):
+        if request.writer.output_size > 0:
+            raise ConnectionError("the response has started; cannot send an error response")
+        kind = type(exc).__name__ if exc is not None else f"http_{status}"
+        if status >= 500:
+            # Our own handler raised: a bug, so keep the traceback, but at most one per kind every 10 s.
+            _limited.log(logging.ERROR, kind, "unhandled %s in the request handler", kind, exc_info=exc)
+            resp = error_response(status, "internal error in the sidecar", "internal_error")
+        else:
+            first = str(getattr(exc, "message", "") or message or "").split("\n", 1)[0].split(":", 1)[0].strip()
+            reason = first if _PLAIN_REASON.fullmatch(first) else "malformed request"
+            self._manager.on_malformed()
+            _limited.log(logging.INFO, kind, "refused a malformed request from %s with %d: %s (%s)",
+                         request.remote, status, reason, kind)
+            resp = error_response(status, f"malformed HTTP request: {reason}", "invalid_request_error")
+        resp.force_close()
+        return resp
+
+
+class _Server(web.Server):
+    """web.Server whose connections use `_Connection` (it builds them in __call__)."""
+
+    def __init__(self, handler, on_malformed, **kwargs):
+        super().__init__(handler, **kwargs)
+        self.on_malformed = on_malformed
+
+    def __call__(self) -> RequestHandler:
+        return _Connection(self, loop=self._loop, **self._kwargs)
 
 
 class RunningSidecar:
@@ -30,8 +91,8 @@ class RunningSidecar:
         await self.app.start()
         # handler_cancellation: a client that disconnects cancels its handler at once, so the
         # upstream stream is closed without waiting for the next token to fail a write.
-        self._server = web.Server(self.app.handle, handler_cancellation=True, access_log=None,
-                                  keepalive_timeout=75)
+        self._server = _Server(self.app.handle, self.app.metrics.malformed.inc, handler_cancellation=True,
+                               access_log=None, keepalive_timeout=75)
         loop = asyncio.get_running_loop()
         config = self.app.config
         try:

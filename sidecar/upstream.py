@@ -311,7 +311,9 @@ class UpstreamPool:
         lines = [f"{method} {self.prefix}{path} HTTP/1.1", f"Host: {self.host_header}"]
         lines += [f"{k}: {v}" for k, v in headers.items()]
         lines.append(f"Content-Length: {len(body)}")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        # aiohttp decodes the client's header bytes as UTF-8 with surrogateescape; encoding the same
+        # way gives back exactly the bytes the client sent (latin-1 failed on obs-text: a 500).
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
         for attempt in range(2):
             conn = None
             while self._idle:

@@ -82,12 +82,15 @@ def parse_slos(text: str) -> tuple:
 def parse_metrics(text: str) -> dict[str, float]:
     """Sums of the samples the forecaster reads, from one Prometheus text exposition."""
     out: dict[str, float] = {}
-    wanted = {name for name, _ in COUNTERS.values()} | set(GAUGES.values()) | {ARRIVED}
+    counters = {name for name, _ in COUNTERS.values()} | {ARRIVED}
+    wanted = counters | set(GAUGES.values())
     arrived = None
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name not in wanted or not math.isfinite(s.value):
                 continue
+            if s.value < 0 and s.name in counters:
+                continue    # garbage: a counter is never negative (a reset goes to 0, not below)
             if s.name == ARRIVED:
                 arrived = (arrived or 0.0) + s.value
                 continue

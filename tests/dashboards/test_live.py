@@ -108,7 +108,7 @@ def test_live_prometheus_evaluates_every_query_and_rule(start_server, tmp_path):
         window = int(end - start) + 1
 
         if with_forecaster:
-            # The forecaster's exposition matches the contract's six forecaster metrics and types.
+            # The forecaster's exposition matches the contract's forecaster metrics and types.
             with urllib.request.urlopen(f"http://{targets['forecaster']}/metrics", timeout=10) as resp:
                 exposed = dict(re.findall(r"^# TYPE (goodput_\w+) (\w+)$", resp.read().decode(), flags=re.M))
             assert exposed == {m.name: m.type for m in contract.by_source("forecaster")}

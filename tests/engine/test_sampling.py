@@ -73,3 +73,11 @@ def test_stop_token_ids_end_the_request(make_engine, tiny_tokenizer):
 def test_bad_sampling_params_are_rejected(bad):
     with pytest.raises(ValueError):
         SamplingParams(**bad)
+
+
+def test_a_top_p_below_float32_resolution_keeps_the_most_likely_token():
+    # Found by schemathesis: top_p=5e-324 rounds to 0 in float32 and used to drop every token,
+    # so torch.multinomial raised and the engine step failed for the whole batch.
+    logits = torch.tensor([[0.0, 3.0, 1.0, -2.0]])
+    for top_p in (5e-324, 1e-45):
+        assert Sampler().sample(logits, ["r"], [SamplingParams(max_tokens=1, top_p=top_p)]) == [1]

@@ -118,7 +118,7 @@ def test_rendered_prometheus_rule_passes_promtool(tmp_path):
     path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
     proc = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "SUCCESS: 32 rules found" in proc.stdout
+    assert "SUCCESS: 34 rules found" in proc.stdout
 
 
 @pytest.mark.parametrize("values, next_step", [

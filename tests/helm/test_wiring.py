@@ -117,6 +117,7 @@ def test_builtin_mode_apiservice_tls_and_hpa():
     volume = next(v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls")
     assert volume["secret"]["secretName"] == secret["metadata"]["name"]
     assert (args.tls_cert_file, args.tls_private_key_file) == ("/etc/goodput/tls/tls.crt", "/etc/goodput/tls/tls.key")
+    assert args.tls_client_ca_file is None      # off by default: any client that completes TLS
     # The auth-delegator bindings name the forecaster's service account.
     sa = dep["spec"]["template"]["spec"]["serviceAccountName"]
     delegator = one(objects, "ClusterRoleBinding", f"{FORECASTER}:system:auth-delegator")
@@ -144,6 +145,12 @@ def test_builtin_mode_with_an_existing_secret():
     dep = one(objects, "Deployment", FORECASTER)
     volume = next(v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls")
     assert volume["secret"]["secretName"] == "goodput-forecaster-tls"
+    # With a client CA: the forecaster requires client certificates signed by the mounted bundle.
+    c = container(dep, "forecaster")
+    assert _args(c).tls_client_ca_file == "/etc/goodput/client-ca/client-ca.crt"
+    ca = next(v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "client-ca")
+    assert ca["configMap"]["name"] == "front-proxy-client-ca"
+    assert {"name": "client-ca", "mountPath": "/etc/goodput/client-ca", "readOnly": True} in c["volumeMounts"]
 
 
 def test_keda_mode_scaled_object():
