@@ -310,9 +310,10 @@ class ForecastPolicy:
         # The demand's upper bound: of the mean rate over the last `drain_seconds` of the horizon
         # (a queue drains within that, so shorter bursts need no replica of their own), with
         # per-step errors treated as independent as in cumulative_upper.
-        w = min(H, max(1, math.ceil(cfg.drain_seconds / cfg.step_seconds)))
-        spread = np.sqrt(np.sum((fc.upper[-w:] - fc.mean[-w:]) ** 2)) / w
-        demand_upper = float(np.mean(fc.mean[-w:]) + spread)
+        # With a horizon shorter than the drain time, the forecast is held flat past the horizon.
+        w = min(check_steps, max(1, math.ceil(cfg.drain_seconds / cfg.step_seconds)))
+        spread = np.sqrt(np.sum((upper_ext[-w:] - mean_ext[-w:]) ** 2)) / w
+        demand_upper = float(np.mean(mean_ext[-w:]) + spread)
         demand_floor = math.ceil(demand_upper / mu - 1e-9)
         burst = self._burst_floor(y, mu)
         terms = {"queue": fluid_n, "now": need_now, "demand": demand_floor, "burst": burst}

@@ -257,12 +257,16 @@ class OnlineServiceModel:
         ttft_mean = o.ttft_sum / o.ttft_count if (o.ttft_count and o.ttft_sum is not None) else None
         if o.prefill_count and o.prefill_sum is not None and o.prefill_count > 0 and p_mean > 0:
             prefill_mean = o.prefill_sum / o.prefill_count
-            k = prefill_mean / p_mean
+            # The engine's prefill time runs from scheduling to the first token: it holds the step
+            # that samples that token, which service_model.predict counts on its own.
+            k = max(prefill_mean - step, 0.1 * prefill_mean) / p_mean
             if ttft_mean is not None and o.queue_count and o.queue_sum is not None:
                 extra = ttft_mean - o.queue_sum / o.queue_count - prefill_mean
                 self._add_lin(self._overhead, max(0.0, extra), float(o.ttft_count))
         elif ttft_mean is not None and p_mean > 0:
-            k = _service_per_token(ttft_mean - self.ttft_overhead_s(), lam_r, p_mean, self._prompt_m2(p_mean))
+            # TTFT less the steps every request waits through (predict counts 1.5 of them).
+            net = max(ttft_mean - self.ttft_overhead_s() - 1.5 * step, 0.1 * ttft_mean)
+            k = _service_per_token(net, lam_r, p_mean, self._prompt_m2(p_mean))
         if k is not None and k > 0:
             # Down-weight steps with a queue: those are transients more than steady state.
             w = float(o.ttft_count or o.prefill_count or 1.0) / (1.0 + max(0.0, o.waiting) / r)

@@ -24,7 +24,8 @@ a fluid approximation for decode plus an M/G/1 queue for prefill:
   rest of a partial chunk's step, is absorbed into the learned prefill rate). Waiting time is
   M/G/1 (Pollaczek-Khinchine mean, an exponential tail behind the busy probability ρ_q).
 - Quantiles come from a fixed set of sampled requests (common random numbers, so predictions at
-  neighbouring loads are monotone): TTFT_i = overhead + W_i + S(P_i), and TPOT_i = step(B) plus
+  neighbouring loads are monotone): TTFT_i = overhead + W_i + S(P_i) + 1.5·step(B) (the rest of the step running when
+  it arrives, and the step that samples its first token), and TPOT_i = step(B) plus
   the prompt work processed during its own decode, spread over its O_i − 1 tokens: the prompts
   that queued behind it (Poisson arrivals over W_i + S_i, so a request that waited decodes
   through the rest of its busy period) and those arriving while it decodes, at most a chunk a
@@ -201,7 +202,9 @@ class ServiceModel:
         busy = u < rho_q
         # Conditional on waiting at all, an exponential with the mean that keeps E[W] = w_mean.
         wait = np.where(busy, -np.log(np.maximum(1e-12, rng.random(len(p)))) * (w_mean / max(rho_q, 1e-12)), 0.0)
-        ttft = self.ttft_overhead_s + wait + service
+        # Plus the steps every request waits through on an engine: the end of the step running when
+        # it arrives (half a step on average) and the step that samples its first token.
+        ttft = self.ttft_overhead_s + wait + service + 1.5 * step
         # TPOT: its own steps plus the prompt work processed while it decodes. That work is what
         # queued behind it while it waited and prefilled (arrivals during W_i + S_i: a request that
         # waited long decodes through the rest of that busy period) plus what arrives during its
