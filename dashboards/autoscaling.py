@@ -98,8 +98,10 @@ def build():
             Query(f"max by (kind) ({m('goodput_replica_tokens_per_request')})", "{{kind}} tokens/request"),
             Query(f"max by (bound) ({m('goodput_replica_ttft_overhead_seconds')}) * 1000", "TTFT overhead ms {{bound}}"),
             Query(f"max by (source) ({m('goodput_replica_capacity_info')})", "capacity from {{source}}"),
+            Query(f"max({m('goodput_replica_cold_start_seconds')})", "cold start s"),
         ], "short", min=0, description="Mean prompt and output tokens per request in the recent mix; what every TTFT "
-                                       "holds beyond queue and prefill; where the capacity figure comes from."),
+                                       "holds beyond queue and prefill; where the capacity figure comes from; "
+                                       "the cold start the forecaster plans with (learned from EndpointSlices)."),
         series("Engine iterations and generation", [
             Query(f"sum(rate({m('goodput_engine_steps_total')}{{{MODEL}}}[{RATE}]))", "iterations/s"),
             Query(f"sum(rate({m('goodput_engine_generation_tokens_total')}{{{MODEL}}}[{RATE}]))", "generated tokens/s"),

@@ -76,6 +76,7 @@ class PolicyConfig:
     prior_capacity_rps: float = 1.0         # learning online: used until anything is observed
     prior_model: object | None = None       # a service_model.ServiceModel to seed the online fit
     slos: tuple | None = None               # SLO classes (service_model.Slo); None = read from the sidecars
+    learn_cold_start: bool = False          # take cold_start_seconds from what the source learns
     background_selection: bool = False      # re-select models in a thread (the server); False = reproducible
 
     def validate(self) -> None:
@@ -128,6 +129,7 @@ class Decision:
     ttft_s: dict = field(default_factory=dict)
     tpot_s: dict = field(default_factory=dict)
     capacity_source: str = "prior"   # configured | service-model | throughput | prior
+    cold_start_s: float = 0.0        # the cold start the decision assumed (configured or learned)
     service: object | None = None    # service_learn.FittedParams when learned
     reasons: tuple = ()              # which terms set desired_replicas
 
@@ -235,6 +237,11 @@ class ForecastPolicy:
             return learned
         return self.online.capacity_rps
 
+    def learned_cold_start(self, seconds: float | None) -> None:
+        """A cold start the fleet showed (pods not ready until ready), used unless configured."""
+        if self.config.learn_cold_start and seconds is not None and math.isfinite(seconds) and seconds > 0:
+            self.config.cold_start_seconds = float(seconds)
+
     # -- the decision ---------------------------------------------------------------------
     def fluid_queue(self, q0: float, lam: np.ndarray, ready_at: np.ndarray) -> np.ndarray:
         """Queue after each step: q ← max(0, q + (λ_k − μ·N_k)·Δ)."""
@@ -324,6 +331,7 @@ class ForecastPolicy:
         ttft, tpot = self._latency_forecast((float(fc.mean[-1]), float(fc.upper[-1])), max(1, ready + starting))
         return Decision(int(desired), float(q_mean), float(q_upper), float(fc.mean[-1]), float(fc.upper[-1]),
                         float(mu), fc.model_name, ttft_s=ttft, tpot_s=tpot, capacity_source=self.capacity_source,
+                        cold_start_s=cfg.cold_start_seconds,
                         service=self.service.params(), reasons=reasons)
 
     def _burst_floor(self, y: np.ndarray, mu: float) -> int:

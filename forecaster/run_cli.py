@@ -10,6 +10,31 @@ import threading
 from goodput_cli.errors import UsageError
 
 
+def _prior(args) -> dict:
+    """--prior FILE: a `goodput bench engine --json` result seeds the service model's fit; a
+    `goodput sweep` report (sweep.json or its folder) the capacity used until the model is known."""
+    if not args.prior:
+        return {}
+    import json
+    from pathlib import Path
+
+    from forecaster.capacity import load_sweep_capacity
+    from forecaster.service_learn import model_from_bench
+
+    path = Path(args.prior)
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UsageError(f"--prior {path}: not readable JSON ({exc})") from None
+    try:
+        if isinstance(data, dict) and "engine_decode" in data:
+            return {"prior_model": model_from_bench(data)}
+        return {"prior_capacity_rps": load_sweep_capacity(path)}
+    except ValueError as exc:
+        raise UsageError(f"--prior {path}: {exc}; pass a `goodput bench engine --json` result or a "
+                         f"`goodput sweep` sweep.json") from None
+
+
 def _capacity(args) -> float | None:
     from forecaster.capacity import load_sweep_capacity
 
@@ -53,7 +78,7 @@ def _source(args):
         api_client = k8s.ApiClient(cfg)
     disc = EndpointSliceDiscovery(args.kube_namespace, args.kube_service, port_name=args.kube_port_name,
                                   api_client=api_client, refresh_seconds=args.step)
-    return ScrapeSource(disc.targets, starting=disc.starting)
+    return ScrapeSource(disc.targets, starting=disc.starting, cold_start=disc.cold_start_seconds)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,12 +94,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = PolicyConfig(step_seconds=args.step, horizon_seconds=args.horizon,
                               cold_start_seconds=args.cold_start if args.cold_start is not None else args.horizon,
+                              learn_cold_start=args.cold_start is None,
                               capacity_rps=_capacity(args), target_queue=args.target_queue,
                               min_replicas=args.min_replicas, max_replicas=args.max_replicas,
                               scale_down_window_seconds=args.scale_down_window, fit_timeout_seconds=args.fit_timeout,
                               refit_every_seconds=args.refit_every,
                               models=tuple(m.strip() for m in args.models.split(",") if m.strip()),
-                              background_selection=True)
+                              background_selection=True, **_prior(args))
         policy = ForecastPolicy(config)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -157,9 +183,14 @@ def add_run_command(registry) -> None:
     pol = p.add_argument_group("policy")
     pol.add_argument("--step", type=float, default=15.0, help="seconds between samples (default 15)")
     pol.add_argument("--horizon", type=float, default=180.0, help="forecast horizon, s (default 180 = cold start)")
-    pol.add_argument("--cold-start", type=float, default=None, help="replica cold start, s (default = --horizon)")
+    pol.add_argument("--cold-start", type=float, default=None, help="replica cold start, s (default: learned from the EndpointSlices, pods not ready "
+                          "until ready; --horizon until one is seen)")
     pol.add_argument("--capacity", type=float, default=None, help="requests/s one replica serves within SLO")
     pol.add_argument("--capacity-from", default=None, help="a `goodput sweep` sweep.json or its folder (knee rate)")
+    pol.add_argument("--prior", default=None, metavar="FILE",
+                     help="optional prior for the learned service model: a `goodput bench engine --json` result "
+                          "(seeds the decode/prefill fit) or a `goodput sweep` sweep.json (capacity until the "
+                          "model is learned); default: none, learned from the fleet alone")
     pol.add_argument("--target-queue", type=float, default=0.0, help="requests allowed waiting at the horizon, fleet-wide")
     pol.add_argument("--min-replicas", type=int, default=1)
     pol.add_argument("--max-replicas", type=int, default=100)

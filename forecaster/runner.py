@@ -89,6 +89,9 @@ class Runner:
         if problem is not None:
             return self._hold(problem, f"the fleet sample has {problem.replace('_', '-')} values: {sample}")
         self.policy.observe(sample)
+        learned = getattr(self.source, "cold_start_seconds", None)
+        if learned is not None:
+            self.policy.learned_cold_start(learned())
         try:
             decision = self.policy.decide(now, self.source.starting_replicas())
         except Exception as exc:  # noqa: BLE001 - a bad decision must not end the loop either

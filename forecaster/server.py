@@ -133,6 +133,9 @@ def _service_families(d: Decision):
     """The learned service model of one replica, each parameter with its 90 % band."""
     from prometheus_client.core import GaugeMetricFamily
 
+    yield GaugeMetricFamily("goodput_replica_cold_start_seconds", "Replica cold start the decision assumes: learned "
+                            "from EndpointSlices (not ready until ready) unless --cold-start sets it",
+                            value=d.cold_start_s)
     src = GaugeMetricFamily("goodput_replica_capacity_info", "Where the per-replica capacity comes from "
                             "(configured, service-model, throughput, prior)", labels=["source"])
     src.add_metric([d.capacity_source], 1.0)

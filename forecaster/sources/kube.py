@@ -2,13 +2,17 @@
 
 The Service's EndpointSlices carry the label `kubernetes.io/service-name`; every endpoint with
 `conditions.ready` is a target, the ones not ready yet are replicas still starting (cold start),
-which the policy counts as capacity on its way.
+which the policy counts as capacity on its way. An endpoint first seen not ready and later ready
+took that long to start: the cold start, learned (the median of the recent ones) and used as the
+policy's cold start unless a flag sets it. Times are as fine as the refresh interval.
 """
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
+from collections import deque
 
 
 class EndpointSliceDiscovery:
@@ -26,6 +30,11 @@ class EndpointSliceDiscovery:
         self._starting = 0
         self._fetched_at = -float("inf")
         self.last_error: str | None = None
+        self._first_not_ready: dict[str, float] = {}   # endpoint -> when first seen not ready
+        self._seen: set[str] = set()                    # every endpoint seen (so a pod seen ready
+                                                        # first is never timed from a later blip)
+        self.cold_starts: deque[float] = deque(maxlen=20)
+        self._clock = time.monotonic
 
     def refresh(self) -> None:
         from kubernetes.client.rest import ApiException
@@ -38,6 +47,8 @@ class EndpointSliceDiscovery:
             self.last_error = f"{type(exc).__name__}: {exc}"
             return
         ready, starting = [], 0
+        now = self._clock()
+        present = set()
         for sl in slices.items or []:
             port = self._pick_port(sl.ports or [])
             if port is None:
@@ -46,12 +57,22 @@ class EndpointSliceDiscovery:
                 cond = ep.conditions
                 if cond is not None and cond.terminating:
                     continue  # draining: neither capacity now nor on its way
+                key = _identity(ep)
+                present.add(key)
                 if cond is None or cond.ready is None or cond.ready:
                     host = ep.addresses[0]
                     host = f"[{host}]" if ":" in host else host
                     ready.append(f"{self.scheme}://{host}:{port}{self.path}")
+                    began = self._first_not_ready.pop(key, None)
+                    if began is not None:
+                        self.cold_starts.append(now - began)
                 else:
                     starting += 1
+                    if key not in self._seen:
+                        self._first_not_ready[key] = now
+                self._seen.add(key)
+        for gone in set(self._first_not_ready) - present:
+            del self._first_not_ready[gone]   # deleted before it was ready: no cold start to learn
         with self._lock:
             self._ready, self._starting = sorted(set(ready)), starting
             self._fetched_at = time.monotonic()
@@ -77,6 +98,18 @@ class EndpointSliceDiscovery:
     def starting(self) -> int:
         with self._lock:
             return self._starting
+
+    def cold_start_seconds(self) -> float | None:
+        """The median of the recent cold starts seen, or None before the first."""
+        return statistics.median(self.cold_starts) if self.cold_starts else None
+
+
+def _identity(ep) -> str:
+    """A pod's endpoint across refreshes: its targetRef (the pod) where set, else its address."""
+    ref = getattr(ep, "target_ref", None)
+    if ref is not None and getattr(ref, "name", None):
+        return f"{ref.namespace or ''}/{ref.name}"
+    return ",".join(ep.addresses or [])
 
 
 def _default_client():

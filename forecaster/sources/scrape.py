@@ -115,9 +115,11 @@ class ScrapeSource:
     """Scrapes `targets()` (URLs of /metrics) every poll; `targets` may change between polls."""
 
     def __init__(self, targets: Callable[[], list[str]], timeout: float = 5.0,
-                 starting: Callable[[], int] | None = None):
+                 starting: Callable[[], int] | None = None,
+                 cold_start: Callable[[], float | None] | None = None):
         self._targets = targets
         self._starting = starting
+        self._cold_start = cold_start
         self._client = httpx.Client(timeout=timeout)
         self._state: dict[str, _Target] = {}
         self._totals = {k: 0.0 for k in COUNTERS}
@@ -183,6 +185,10 @@ class ScrapeSource:
 
     def starting_replicas(self) -> int:
         return self._starting() if self._starting else 0
+
+    def cold_start_seconds(self) -> float | None:
+        """Learned by the discovery (pods first not ready, then ready); None where it cannot tell."""
+        return self._cold_start() if self._cold_start else None
 
     def close(self) -> None:
         self._client.close()

@@ -41,9 +41,9 @@ def test_sidecar_exposes_every_contract_metric_with_its_type(start_server, port)
 
 def test_contract_lists_every_design_metric_once():
     # DESIGN.md's tables (19 sidecar, 6 forecaster), plus the slo-capacity issue's (arrived, engine
-    # generation and steps; 12 forecaster: latency forecasts, the service model, live scores), the
+    # generation and steps; 13 forecaster: latency forecasts, the service model, cold start, live scores), the
     # ttft-advice issue's 12 sidecar metrics (5 engine series, 7 goodput_prompt_*) and the
     # reliability issue's goodput_malformed_requests_total and goodput_forecaster_source_errors_total.
     assert len(contract.by_source("sidecar")) == 35
-    assert len(contract.by_source("forecaster")) == 19
-    assert len(contract.METRICS) == 54
+    assert len(contract.by_source("forecaster")) == 20
+    assert len(contract.METRICS) == 55

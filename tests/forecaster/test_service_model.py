@@ -254,3 +254,29 @@ class _Recorder:
 
     def decide(self, t):
         return None
+
+
+def test_a_prior_from_the_engine_benchmark_or_a_sweep(tmp_path):
+    import argparse
+    import json
+
+    from forecaster.run_cli import _prior
+    from goodput_cli.errors import UsageError
+
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"model": "smollm2", "engine_decode": [{"batch": 1, "step_s": 0.05},
+                                                                        {"batch": 32, "step_s": 0.15}],
+                                 "engine_prefill": {"tokens_per_s": 400.0}}))
+    prior = _prior(argparse.Namespace(prior=str(bench)))["prior_model"]
+    assert prior.prefill_tokens_per_s == 400.0
+    assert prior.step_s(1) == pytest.approx(0.05) and prior.step_s(32) == pytest.approx(0.15)
+    # Seeded, the learner is ready before it has seen a step, and plans with the prior.
+    learner = OnlineServiceModel(prior=prior)
+    assert learner.ready and learner.model().step_s(32) == pytest.approx(0.15, rel=0.01)
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps({"knee": {"rate": 3.0}}))
+    assert _prior(argparse.Namespace(prior=str(sweep))) == {"prior_capacity_rps": 3.0}
+    junk = tmp_path / "junk.json"
+    junk.write_text("{}")
+    with pytest.raises(UsageError, match="goodput bench engine --json"):
+        _prior(argparse.Namespace(prior=str(junk)))

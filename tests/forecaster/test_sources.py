@@ -182,3 +182,37 @@ def test_arrivals_are_counted_when_requests_arrive_not_when_they_end():
     # A sidecar older than the arrival counter: fall back to the requests it ended.
     older = parse_metrics(text.split("# TYPE goodput_requests_arrived_total")[0])
     assert older["arrivals"] == 7.0
+
+
+def test_endpointslice_discovery_learns_the_cold_start():
+    def body(ready):
+        return {"kind": "EndpointSliceList", "apiVersion": "discovery.k8s.io/v1", "metadata": {"resourceVersion": "1"},
+                "items": [{"kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1",
+                           "metadata": {"name": "llm-x", "namespace": "serving",
+                                        "labels": {"kubernetes.io/service-name": "llm"}},
+                           "addressType": "IPv4", "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+                           "endpoints": [_endpoint("10.0.0.5", True), _endpoint("10.0.0.9", ready)]}]}
+    port = free_port()
+    server = ThreadingHTTPServer(("127.0.0.1", port), EndpointSliceAPI)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        cfg = k8s.Configuration()
+        cfg.host = f"http://127.0.0.1:{port}"
+        disc = EndpointSliceDiscovery("serving", "llm", port_name="http", api_client=k8s.ApiClient(cfg))
+        clock = [1000.0]
+        disc._clock = lambda: clock[0]
+        EndpointSliceAPI.body = body(False)
+        disc.refresh()
+        assert disc.starting() == 1 and disc.cold_start_seconds() is None
+        clock[0] += 95.0          # still starting at the next refreshes
+        disc.refresh()
+        clock[0] += 30.0
+        EndpointSliceAPI.body = body(True)
+        disc.refresh()
+        # First seen not ready at 1000, ready at 1125: a 125 s cold start (10.0.0.5 was ready when
+        # first seen, so it teaches nothing).
+        assert disc.cold_start_seconds() == 125.0 and list(disc.cold_starts) == [125.0]
+        src = ScrapeSource(static_targets([]), cold_start=disc.cold_start_seconds)
+        assert src.cold_start_seconds() == 125.0
+    finally:
+        server.shutdown()
