@@ -168,6 +168,15 @@ def timing_benchmark(y: np.ndarray, steps: int, models: list[str], repeats: int 
     for name in models:
         times = []
         for _ in range(repeats):
+            if name == "selected":
+                # The server's path per step: score the pool, forecast, and the decision window.
+                sel = ModelSelector([], steps)
+                t0 = time.perf_counter()
+                sel.forecast(y, len(y))
+                sel.forecast_window(y, len(y), 1, steps)
+                times.append(time.perf_counter() - t0)
+                sel.close()
+                continue
             model = make_model(name, season=season_steps)
             t0 = time.perf_counter()
             model.fit(y, steps).forecast(steps)
@@ -185,6 +194,25 @@ def markdown_table(result: BacktestResult) -> str:
         pred = f"{s.predict_ms_p50:.2f}/{s.predict_ms_p95:.2f}" if math.isfinite(s.predict_ms_p50) else "in fit"
         lines.append(f"| {s.horizon_minutes:g} min | {s.horizon_steps} | {s.model} | {s.mase:.3f} | {ratio} | "
                      f"{s.smape:.1f} | {s.coverage:.2f} | {s.fit_ms_p50:.1f}/{s.fit_ms_p95:.1f} | {pred} |")
+    return "\n".join(lines)
+
+
+def summary_table(result: BacktestResult) -> str:
+    """The issue's table: selected against naive, ARIMA and Holt-Winters, with coverage and the
+    window peak's pinball loss (req/s; lower is better) and coverage of its 0.9 quantile."""
+    by = {(s.model, s.horizon_minutes): s for s in result.scores}
+    lines = ["| horizon (steps) | selected MASE | vs naive | naive | ARIMA | Holt-Winters | selected 90 % coverage "
+             "| peak pinball: selected / naive | selected peak ≤ q0.9 |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    fmt = lambda m, h, attr="mase": f"{getattr(by[(m, h)], attr):.3f}" if (m, h) in by else "–"  # noqa: E731
+    for h in sorted({s.horizon_minutes for s in result.scores}):
+        sel, naive = by.get(("selected", h)), by.get(("naive", h))
+        if sel is None:
+            continue
+        ratio = f"{(sel.mase / naive.mase - 1) * 100:+.1f} %" if naive else "–"
+        lines.append(f"| {h:g} min ({sel.horizon_steps}) | {sel.mase:.3f} | {ratio} | {fmt('naive', h)} | "
+                     f"{fmt('arima', h)} | {fmt('holt_winters', h)} | {sel.coverage:.2f} | "
+                     f"{sel.peak_pinball:.3f} / {fmt('naive', h, 'peak_pinball')} | {sel.peak_coverage:.2f} |")
     return "\n".join(lines)
 
 

@@ -5,11 +5,11 @@ origin, made from the points before it. Scores and calibration errors are theref
 held-out errors of the recent past, recomputed from the history at every call (no state to
 drift, the same answer whether the caller came every step or every hour).
 
-The switching rule (`choose`), stated once:
-1. a model that loses to `naive` on the window is dropped at once for the window's best;
-2. a trend model (or a fitted one) that loses to the smoothed level (`pool.REFERENCE`) likewise;
-3. otherwise the best replaces the current one only when it is `margin` better;
-4. else the current one stays.
+The switching rule (`choose`), stated once, on the mean absolute errors of the window:
+1. guards: a model that loses to `naive` is replaced by naive; a trend model (or a fitted one)
+   that loses to the smoothed level (`pool.REFERENCE`) is replaced by that level;
+2. then the window's best replaces what is kept only when it is `margin` better;
+so naive is the home state, and leaving it (or any choice) takes a clear win.
 
 Intervals: split-conformal on a rolling window. For each step h the chosen member's h-step errors
 at the last `window` origins whose targets are known; the bounds are their finite-sample
@@ -49,17 +49,14 @@ def choose(current: str, scores: dict[str, float], margin: float, complex_names:
     """The switching rule (module docstring). `scores`: mean absolute error on the same origins."""
     if not scores:
         return current
+    keep = current if current in scores else naive if naive in scores else min(scores, key=scores.get)
+    # Guards: the baseline a model loses to takes its place (the simpler choice is the default).
+    if naive in scores and scores[keep] > scores[naive]:
+        keep = naive
+    elif keep in complex_names and reference in scores and scores[keep] > scores[reference]:
+        keep = reference
     best = min(scores, key=scores.get)
-    if current not in scores:
-        return best
-    mine = scores[current]
-    if naive in scores and mine > scores[naive]:
-        return best
-    if current in complex_names and reference in scores and mine > scores[reference]:
-        return best
-    if scores[best] < (1.0 - margin) * mine:
-        return best
-    return current
+    return best if scores[best] < (1.0 - margin) * scores[keep] else keep
 
 
 def origins_for(n: int, lead: int, window: int, warm: int) -> np.ndarray:

@@ -98,7 +98,7 @@ class ModelSelector:
 
     def __init__(self, candidates: list[Model], steps: int, fit_timeout: float = 2.0,
                  reselect_every: int = 20, num_origins: int = 12, min_points: int = 20,
-                 stale_steps: int | None = None, margin: float = 0.05, background: bool = False,
+                 stale_steps: int | None = None, margin: float = 0.1, background: bool = False,
                  pool: bool = True, window: int | None = None, interval: float = 0.9,
                  max_points: int = 5760):
         if steps < 1:
@@ -120,9 +120,12 @@ class ModelSelector:
         self.margin = margin
         self.interval = interval
         self.max_points = max_points
-        # Scored origins: enough horizon-long stretches that one burst does not decide (h-step
-        # errors of neighbouring origins share h-1 targets).
-        self.window = window if window is not None else max(60, 4 * steps)
+        # Scored origins: enough horizon-long stretches that a few bursts do not decide (h-step
+        # errors of neighbouring origins share h-1 targets): an hour at 15 s, 8 horizons at least.
+        self.window = window if window is not None else max(240, 8 * steps)
+        # Calibration looks twice as far back: a quantile needs more points than a mean, and the
+        # errors of the member just chosen (for being lucky lately) would narrow the interval.
+        self.calibration_window = 2 * self.window
         # A last good fit is usable while it has forecasts left for the whole horizon.
         self.stale_steps = stale_steps if stale_steps is not None else 2 * steps
         # Until MIN_ORIGINS origins can be scored: naive, the reactive signal (nothing known yet
@@ -237,7 +240,7 @@ class ModelSelector:
     def _pool_forecast(self, bc: Backcast, name: str) -> Forecast:
         i = index_of(name)
         mean = bc.path(i, self.steps)
-        lower, upper, _ = step_bounds(bc, i, self.steps, self.window, WARM, self.interval, mean)
+        lower, upper, _ = step_bounds(bc, i, self.steps, self.calibration_window, WARM, self.interval, mean)
         return Forecast(mean, np.maximum(lower, 0.0), upper, name)
 
     def forecast_window(self, y: np.ndarray, end_index: int | None = None, start_step: int = 1,
@@ -261,6 +264,7 @@ class ModelSelector:
         mean_pred, peak_pred = window_predictions(bc, start_step, end_step)
         mean_act, peak_act = window_actuals(bc.y, start_step, end_step)
         t = origins_for(bc.n, end_step, self.window, WARM)
+        t_cal = origins_for(bc.n, end_step, self.calibration_window, WARM)
         trends = {n for n, tr in zip(NAMES, IS_TREND) if tr}
         mean_name, peak_name = self._window_chosen.get(key, ("naive", "naive"))
         if len(t) >= MIN_ORIGINS:
@@ -269,7 +273,7 @@ class ModelSelector:
             scores = np.abs(mean_act[t][None, :] - mean_pred[:, t]).mean(axis=1)
             mean_name = choose(mean_name, dict(zip(NAMES, map(float, scores))), self.margin, trends,
                                reference=REFERENCE)
-            resid = peak_act[t][None, :] - peak_pred[:, t]
+            resid = peak_act[t_cal][None, :] - peak_pred[:, t_cal]
             offsets = np.array([conformal_quantile(r, quantile) for r in resid])
             losses = pinball_loss(resid - offsets[:, None], quantile).mean(axis=1)
             peak_name = choose(peak_name, dict(zip(NAMES, map(float, losses))), self.margin, trends,
@@ -278,10 +282,10 @@ class ModelSelector:
         i, j = index_of(mean_name), index_of(peak_name)
         mean, peak = float(mean_pred[i, -1]), float(peak_pred[j, -1])
         if len(t) >= MIN_ORIGINS:
-            mean_up = mean + max(0.0, conformal_quantile(mean_act[t] - mean_pred[i, t], quantile))
-            peak_up = peak + max(0.0, conformal_quantile(peak_act[t] - peak_pred[j, t], quantile))
+            mean_up = mean + max(0.0, conformal_quantile(mean_act[t_cal] - mean_pred[i, t_cal], quantile))
+            peak_up = peak + max(0.0, conformal_quantile(peak_act[t_cal] - peak_pred[j, t_cal], quantile))
             return WindowForecast(start_step, end_step, quantile, mean, mean_up, peak, peak_up,
-                                  f"{mean_name}/{peak_name}", len(t))
+                                  f"{mean_name}/{peak_name}", len(t_cal))
         # Warming up (no window has ended often enough to calibrate on): the highest recent
         # value, which a steady series' peak rarely passes.
         top = float(np.quantile(bc.y[-max(2 * end_step, MIN_ORIGINS):], 1.0))
