@@ -5,7 +5,9 @@ origin, made from the points before it. Scores and calibration errors are theref
 held-out errors of the recent past, recomputed from the history at every call (no state to
 drift, the same answer whether the caller came every step or every hour).
 
-The switching rule (`choose`), stated once, on the mean absolute errors of the window:
+The switching rule (`choose`), stated once, on each model's score: the larger of its mean
+absolute error at the decision horizon over the last `window` origins and over the last two
+horizons' worth (`pool_scores`):
 1. guards: a model that loses to `naive` is replaced by naive; a trend model (or a fitted one)
    that loses to the smoothed level (`pool.REFERENCE`) is replaced by that level;
 2. then the window's best replaces what is kept only when it is `margin` better;
@@ -66,12 +68,23 @@ def origins_for(n: int, lead: int, window: int, warm: int) -> np.ndarray:
 
 
 def pool_scores(bc: Backcast, h: int, window: int, warm: int) -> np.ndarray | None:
-    """Mean absolute h-step error of every member on the last `window` origins (None: too few)."""
+    """Every member's score at horizon h: the larger of its mean absolute h-step error over the
+    last `window` origins and over the last `recent_window(h)` (None: too few origins).
+
+    The long window keeps a lucky burst from deciding; the short one means a model that has
+    started to miss (a level lagging a ramp that began minutes ago) cannot hide behind an hour
+    of good errors before it."""
     t = origins_for(bc.n, h, window, warm)
     if len(t) < MIN_ORIGINS:
         return None
     errs = np.abs(bc.y[t + h][None, :] - bc.predict(h)[:, t])
-    return errs.mean(axis=1)
+    short = min(len(t), recent_window(h))
+    return np.maximum(errs.mean(axis=1), errs[:, -short:].mean(axis=1))
+
+
+def recent_window(h: int) -> int:
+    """Origins in the short window: two horizons, MIN_ORIGINS at least."""
+    return max(MIN_ORIGINS, 2 * h)
 
 
 def step_bounds(bc: Backcast, member: int, steps: int, window: int, warm: int, interval: float,
