@@ -74,8 +74,13 @@ def backcast(y: np.ndarray) -> Backcast:
     levels, trends = np.empty((len(NAMES), n)), np.zeros((len(NAMES), n))
     levels[0] = y
     i = 1
-    for a in EWMA_ALPHAS:
-        levels[i] = lfilter([a], [1, -(1 - a)], y, zi=np.array([(1 - a) * y[0]]))[0]
+    # Bias-corrected (started from zero, divided by the weight so far): the running mean until
+    # about 1/a points exist, then the EWMA. Started on y[0] instead, a slow level carries the
+    # first point's noise for 1/a steps, and on an hour of history those errors would widen
+    # the calibrated intervals of the whole trace.
+    weight = 1.0 - (1.0 - np.asarray(EWMA_ALPHAS))[:, None] ** np.arange(1, n + 1)[None, :]
+    for k, a in enumerate(EWMA_ALPHAS):
+        levels[i] = lfilter([a], [1, -(1 - a)], y) / weight[k]
         i += 1
     for w in MEDIAN_WINDOWS:
         levels[i] = pd.Series(y).rolling(w, min_periods=1).median().to_numpy()
