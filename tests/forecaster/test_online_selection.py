@@ -4,6 +4,7 @@ conformal coverage, and forecast_window's semantics."""
 import numpy as np
 import pytest
 
+from forecaster.models import Fitted, Model
 from forecaster.online import choose, conformal_quantile
 from forecaster.pool import IS_TREND, NAMES, REFERENCE, backcast
 from forecaster.selection import ModelSelector
@@ -150,3 +151,34 @@ def test_forecast_window_rejects_bad_arguments():
         sel.forecast_window(np.ones(50), 50, 1, 2, quantile=1.5)
     with pytest.raises(ValueError, match="no history"):
         sel.forecast_window(np.array([]), 0, 1, 2)
+
+
+class Sine(Model):
+    """Knows the series (a sine of period 20): exact at every horizon, a fitted model that wins."""
+    name = "sine"
+
+    def fit(self, y, steps):
+        t = len(y) + np.arange(steps)
+        mean = 10 + 5 * np.sin(2 * np.pi * t / 20)
+        return Fitted(self.name, mean, mean - 0.1, mean + 0.1)
+
+
+class Seven(Model):
+    name = "seven"
+
+    def fit(self, y, steps):
+        mean = np.full(steps, 7.0)
+        return Fitted(self.name, mean, mean - 1, mean + 1)
+
+
+def test_fitted_candidates_compete_with_the_pool_on_the_same_origins():
+    y = 10 + 5 * np.sin(2 * np.pi * np.arange(400) / 20)
+    sel = ModelSelector([Seven(), Sine()], steps=5, reselect_every=1)
+    fc = sel.forecast(y, len(y))
+    # The sine model is exact (score 0), so it beats the pool, scored on the same origins, by
+    # any margin; the constant 7 is far off.
+    assert sel.chosen == "sine" and sel.status.source == "fit"
+    assert np.allclose(fc.mean, 10 + 5 * np.sin(2 * np.pi * np.arange(400, 405) / 20))
+    scores = sel.fitted_scores(y)
+    assert scores["sine"] == 0.0 and scores["seven"] > 0.5 and set(NAMES) <= set(scores)
+    sel.close()
