@@ -11,7 +11,7 @@ Members (few on purpose: every extra member is one more way to win a noisy score
 - `ewma<a>`: exponentially weighted levels, a in EWMA_ALPHAS; `ewma0.15` is the reference
   smoothed level every trend must beat;
 - `median<w>`: rolling medians (bursty arrivals are skewed; the median minimises absolute error);
-- `trend<a>,<b>`: Holt's linear trend, damped by DAMPING per step (a ramp: a level lags it by
+- `trend<a>-<b>`: Holt's linear trend, damped by DAMPING per step (a ramp: a level lags it by
   slope × lag).
 """
 
@@ -30,7 +30,7 @@ DAMPING = 0.98
 REFERENCE = "ewma0.15"   # "the smoothed level": a trend that cannot beat it is not kept
 
 NAMES = (("naive",) + tuple(f"ewma{a:g}" for a in EWMA_ALPHAS) + tuple(f"median{w}" for w in MEDIAN_WINDOWS)
-         + tuple(f"trend{a:g},{b:g}" for a, b in TRENDS))
+         + tuple(f"trend{a:g}-{b:g}" for a, b in TRENDS))
 IS_TREND = np.array([n.startswith("trend") for n in NAMES])
 
 

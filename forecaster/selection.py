@@ -131,7 +131,7 @@ class ModelSelector:
         # Until MIN_ORIGINS origins can be scored: naive, the reactive signal (nothing known yet
         # says a smoothed level or a trend would do better on this series).
         self.chosen = "naive" if pool else candidates[0].name
-        self._window_chosen: dict[tuple[int, int], str] = {}
+        self._window_chosen: dict[tuple[int, int], tuple[str, str]] = {}  # (start, end) -> (mean, peak)
         self._calls = 0
         self._last_good: tuple[Fitted, int] | None = None  # fitted, end index when fitted
         self.status = SelectorStatus(self.chosen, "naive")

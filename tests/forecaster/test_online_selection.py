@@ -40,7 +40,7 @@ def test_rule_drops_a_model_that_loses_to_naive_for_naive():
 
 
 def test_rule_drops_a_trend_that_loses_to_the_smoothed_level():
-    trend = "trend0.4,0.1"
+    trend = "trend0.4-0.1"
     scores = {"naive": 2.0, REFERENCE: 1.0, trend: 1.02}
     # A trendless model 2 % behind the reference would stay; a trend does not.
     assert choose(trend, scores, 0.1, TRENDS, reference=REFERENCE) == REFERENCE
