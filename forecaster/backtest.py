@@ -9,7 +9,11 @@ minutes of trace time (forecaster/selection.py), as the server does every `refit
 
 Scores: MASE (mean absolute error over the mean absolute one-step naive change of the whole
 series — the same scale for every model, so ratios between models are exact), sMAPE (%, 0/0 = 0),
-coverage of the central prediction interval, fit and predict times (p50/p95, ms).
+coverage of the central prediction interval, fit and predict times (p50/p95, ms), and for the
+window peak (the max of the series over steps 1..h, what a replica ordered now must absorb) the
+pinball loss at `peak_quantile` (0.9) of each model's peak quantile (`selected`: forecast_window's
+calibrated peak_upper; the others: the highest per-step upper bound of their own interval over
+the window, the usual stand-in) and how often the peak stayed under it.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ class ModelScore:
     fit_ms_p95: float
     predict_ms_p50: float
     predict_ms_p95: float
+    peak_pinball: float = float("nan")   # req/s, at peak_quantile
+    peak_coverage: float = float("nan")  # share of windows whose peak stayed under the quantile
 
 
 @dataclass
@@ -65,8 +71,9 @@ def _p(values: list[float], q: float) -> float:
 
 def backtest(y: np.ndarray, step_seconds: float, horizons_minutes: list[float], models: list[str],
              num_origins: int = 200, min_train: int | None = None, max_window: int | None = None,
-             season_steps: int | None = None, interval: float = 0.9, selected_candidates=("level", "holt_winters"),
-             plot_horizon_minutes: float = 5.0, reselect_minutes: float = 60.0, progress=None) -> BacktestResult:
+             season_steps: int | None = None, interval: float = 0.9, selected_candidates=(),
+             plot_horizon_minutes: float = 5.0, reselect_minutes: float = 60.0, peak_quantile: float = 0.9,
+             progress=None) -> BacktestResult:
     y = np.asarray(y, dtype=float)
     n = len(y)
     steps_of = {h: max(1, math.ceil(h * 60.0 / step_seconds)) for h in horizons_minutes}
@@ -92,6 +99,8 @@ def backtest(y: np.ndarray, step_seconds: float, horizons_minutes: list[float], 
         errs = {h: [] for h in steps_of.values()}
         apes = {h: [] for h in steps_of.values()}
         covered = {h: 0 for h in steps_of.values()}
+        peak_loss = {h: [] for h in steps_of.values()}
+        peak_in = {h: 0 for h in steps_of.values()}
         fit_s, pred_s = [], []
         means, uppers, lowers = [], [], []
         selectors = {}
@@ -99,13 +108,14 @@ def backtest(y: np.ndarray, step_seconds: float, horizons_minutes: list[float], 
             train = y[max(0, o - max_window):o] if max_window else y[:o]
             if name == "selected":
                 # One selector per horizon: each chooses for the horizon it is scored on.
-                fcs = {}
+                fcs, peaks = {}, {}
                 for h in sorted(set(steps_of.values())):
                     sel = selectors.setdefault(h, ModelSelector(
                         [make_model(m, interval, season_steps) for m in selected_candidates], h,
-                        fit_timeout=30.0, reselect_every=reselect_every, min_points=5))
+                        fit_timeout=30.0, reselect_every=reselect_every, min_points=5, interval=interval))
                     t0 = time.perf_counter()
                     fcs[h] = sel.forecast(train, end_index=int(o))
+                    peaks[h] = sel.forecast_window(train, int(o), 1, h, peak_quantile).peak_upper
                     fit_s.append(time.perf_counter() - t0)
                 get = lambda h: (fcs[h].mean[h - 1], fcs[h].lower[h - 1], fcs[h].upper[h - 1])  # noqa: E731
             else:
@@ -118,7 +128,11 @@ def backtest(y: np.ndarray, step_seconds: float, horizons_minutes: list[float], 
                 fit_s.append(t1 - t0)
                 pred_s.append(t2 - t1)
                 get = lambda h: (fc.mean[h - 1], fc.lower[h - 1], fc.upper[h - 1])  # noqa: E731
+                peaks = {h: float(np.max(fc.upper[:h])) for h in errs}
             for h in errs:
+                peak = float(np.max(y[o:o + h]))
+                peak_loss[h].append(pinball(peak, peaks[h], peak_quantile))
+                peak_in[h] += peak <= peaks[h]
                 mean, lower, upper = get(h)
                 actual = y[o + h - 1]
                 errs[h].append(abs(mean - actual))
@@ -137,8 +151,14 @@ def backtest(y: np.ndarray, step_seconds: float, horizons_minutes: list[float], 
         for h_min, h in steps_of.items():
             scores.append(ModelScore(name, h_min, h, float(np.mean(errs[h]) / scale), float(np.mean(apes[h])),
                                      covered[h] / len(origins), len(origins), _p(fit_s, 50), _p(fit_s, 95),
-                                     _p(pred_s, 50), _p(pred_s, 95)))
+                                     _p(pred_s, 50), _p(pred_s, 95), float(np.mean(peak_loss[h])),
+                                     peak_in[h] / len(origins)))
     return BacktestResult("", step_seconds, n, season_steps, scores, plot)
+
+
+def pinball(actual: float, predicted: float, q: float) -> float:
+    """Pinball (quantile) loss: q·(a − p) when under-predicted, (1 − q)·(p − a) when over."""
+    return q * (actual - predicted) if actual >= predicted else (1.0 - q) * (predicted - actual)
 
 
 def timing_benchmark(y: np.ndarray, steps: int, models: list[str], repeats: int = 30,
@@ -148,6 +168,15 @@ def timing_benchmark(y: np.ndarray, steps: int, models: list[str], repeats: int 
     for name in models:
         times = []
         for _ in range(repeats):
+            if name == "selected":
+                # The server's path per step: score the pool, forecast, and the decision window.
+                sel = ModelSelector([], steps)
+                t0 = time.perf_counter()
+                sel.forecast(y, len(y))
+                sel.forecast_window(y, len(y), 1, steps)
+                times.append(time.perf_counter() - t0)
+                sel.close()
+                continue
             model = make_model(name, season=season_steps)
             t0 = time.perf_counter()
             model.fit(y, steps).forecast(steps)
@@ -165,6 +194,25 @@ def markdown_table(result: BacktestResult) -> str:
         pred = f"{s.predict_ms_p50:.2f}/{s.predict_ms_p95:.2f}" if math.isfinite(s.predict_ms_p50) else "in fit"
         lines.append(f"| {s.horizon_minutes:g} min | {s.horizon_steps} | {s.model} | {s.mase:.3f} | {ratio} | "
                      f"{s.smape:.1f} | {s.coverage:.2f} | {s.fit_ms_p50:.1f}/{s.fit_ms_p95:.1f} | {pred} |")
+    return "\n".join(lines)
+
+
+def summary_table(result: BacktestResult) -> str:
+    """The issue's table: selected against naive, ARIMA and Holt-Winters, with coverage and the
+    window peak's pinball loss (req/s; lower is better) and coverage of its 0.9 quantile."""
+    by = {(s.model, s.horizon_minutes): s for s in result.scores}
+    lines = ["| horizon (steps) | selected MASE | vs naive | naive | ARIMA | Holt-Winters | selected 90 % coverage "
+             "| peak pinball: selected / naive | selected peak ≤ q0.9 |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    fmt = lambda m, h, attr="mase": f"{getattr(by[(m, h)], attr):.3f}" if (m, h) in by else "–"  # noqa: E731
+    for h in sorted({s.horizon_minutes for s in result.scores}):
+        sel, naive = by.get(("selected", h)), by.get(("naive", h))
+        if sel is None:
+            continue
+        ratio = f"{(sel.mase / naive.mase - 1) * 100:+.1f} %" if naive else "–"
+        lines.append(f"| {h:g} min ({sel.horizon_steps}) | {sel.mase:.3f} | {ratio} | {fmt('naive', h)} | "
+                     f"{fmt('arima', h)} | {fmt('holt_winters', h)} | {sel.coverage:.2f} | "
+                     f"{sel.peak_pinball:.3f} / {fmt('naive', h, 'peak_pinball')} | {sel.peak_coverage:.2f} |")
     return "\n".join(lines)
 
 

@@ -29,7 +29,7 @@ def run_backtest(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import Progress
 
-    from forecaster.backtest import backtest, markdown_table, plot_forecasts, timing_benchmark
+    from forecaster.backtest import backtest, markdown_table, plot_forecasts, summary_table, timing_benchmark
     from forecaster.models import MODELS
     from forecaster.traces import load_series
 
@@ -60,14 +60,14 @@ def run_backtest(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     result.trace = series.name
-    table = markdown_table(result)
+    table = summary_table(result) + "\n\nAll models:\n\n" + markdown_table(result)
     print(table)
     data = result.to_json()
     if args.timing_points:
         # Fit+predict on a day of history at the server's step, as the server does every step.
         day = _timing_series(y, step, args.timing_points)
         steps = max(1, round(args.timing_horizon / args.timing_step))
-        timing = timing_benchmark(day, steps, [m for m in models if m != "selected"], repeats=args.timing_repeats)
+        timing = timing_benchmark(day, steps, models, repeats=args.timing_repeats)
         data["timing"] = {"points": len(day), "step_seconds": args.timing_step, "horizon_steps": steps,
                           "source": f"{series.name} rates, Poisson arrivals per {args.timing_step:g} s (seeded)",
                           "models": timing}
@@ -95,10 +95,11 @@ def _timing_series(y, step: float, points: int):
 
 def register(registry) -> None:
     p = registry.command("forecast backtest", "forecast accuracy on a trace", run_backtest)
-    p.add_argument("--trace", required=True, help="Azure trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens) "
-                   "or a ServeGen client folder (rates summed over clients)")
+    p.add_argument("--trace", required=True, help="Azure trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens), "
+                   "a Mooncake trace JSONL (timestamp ms) or a ServeGen client folder (rates summed over clients; "
+                   "a --resolution under 600 s draws the counts from each window's rate and cv, seeded)")
     p.add_argument("--resolution", type=float, default=None,
-                   help="seconds per interval (default 60 for Azure, 600 for ServeGen)")
+                   help="seconds per interval (default 60 for Azure and Mooncake, 600 for ServeGen)")
     p.add_argument("--horizons", default="1,3,5,10", help="forecast horizons in minutes (default 1,3,5,10); "
                    "a horizon shorter than the resolution is one step")
     p.add_argument("--models", default=DEFAULT_MODELS, help=f"comma-separated (default {DEFAULT_MODELS})")

@@ -3,11 +3,16 @@
 - `BoundedFitter` runs a fit in one worker thread and waits at most `timeout` seconds. A Python
   thread cannot be stopped, so a fit that overran keeps the worker; until it ends, new fits are
   refused at once (FitBusy) instead of piling up behind it.
-- `ModelSelector` picks, every `reselect_every` calls, the candidate with the lowest mean absolute
-  error at the decision horizon over the last few origins of the history (a rolling-origin
-  backtest; the first candidate is kept unless another is `margin` better), fits the chosen
-  model on every call, and on failure falls back to the last good fit
-  (its forecast shifted by the steps since), then to the naive forecast (the reactive signal).
+- `ModelSelector` forecasts one series. At EVERY call it scores its built-in pool (naive,
+  smoothed levels, rolling medians, damped trends: forecaster/pool.py) on the last `window`
+  origins at the decision horizon and applies the switching rule of forecaster/online.py
+  (never keep a model that loses to naive, nor a trend that loses to the smoothed level; else
+  switch only for a `margin` better one). Fitted candidates passed in (`level`, `holt_winters`,
+  `arima`, ...) are scored every `reselect_every` calls by refitting at `num_origins` recent
+  origins, against the pool on the same origins, by the same rule. A pool member's intervals are
+  split-conformal on its own recent errors per step; `forecast_window` gives the mean rate over a
+  window of steps and a calibrated quantile of its peak. A fitted model that raises, overruns or
+  returns NaN falls back to the last good fit (shifted by the steps since), then to naive.
 """
 
 from __future__ import annotations
@@ -21,6 +26,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from forecaster.models import Fitted, Forecast, Model, Naive
+from forecaster.online import (MIN_ORIGINS, choose, conformal_quantile, origins_for, pinball_loss, pool_scores,
+                               step_bounds,
+                               window_actuals, window_predictions)
+from forecaster.pool import IS_TREND, NAMES, REFERENCE, Backcast, backcast, index_of
+
+WARM = 3  # the pool's filters start on the first point; their first forecasts are not scored
 
 
 class FitTimeout(Exception):
@@ -58,49 +69,95 @@ class BoundedFitter:
 @dataclass
 class SelectorStatus:
     chosen: str                  # the candidate the last selection picked
-    source: str                  # "fit" | "last_good" | "naive"
+    source: str                  # "pool" | "fit" | "last_good" | "naive"
     last_error: str | None = None
     num_fallbacks: int = 0
     last_fit_seconds: float = 0.0
+    num_switches: int = 0
+
+
+@dataclass
+class WindowForecast:
+    """Demand over steps start_step..end_step after the last point (1 = the next step)."""
+    start_step: int
+    end_step: int
+    quantile: float
+    mean: float          # forecast of the mean rate over the window
+    mean_upper: float    # calibrated `quantile` of that mean rate
+    peak: float          # point forecast of the window's maximum (one step's rate)
+    peak_upper: float    # calibrated `quantile` of the window's maximum
+    model_name: str      # the pool members chosen for this window's mean and peak, "mean/peak"
+    num_calibration: int  # held-out origins the quantiles come from (0: warming up, conservative)
 
 
 class ModelSelector:
-    """Forecasts one series; owns the choice of model, the last good fit and the fallbacks."""
+    """Forecasts one series; owns the choice of model, the last good fit and the fallbacks.
+
+    One selector per series: its choices (per decision horizon and per window) are its state.
+    """
 
     def __init__(self, candidates: list[Model], steps: int, fit_timeout: float = 2.0,
                  reselect_every: int = 20, num_origins: int = 12, min_points: int = 20,
-                 stale_steps: int | None = None, margin: float = 0.2, background: bool = False):
-        if not candidates:
-            raise ValueError("at least one candidate model is needed")
+                 stale_steps: int | None = None, margin: float = 0.1, background: bool = False,
+                 pool: bool = True, window: int | None = None, interval: float = 0.9,
+                 max_points: int = 5760):
         if steps < 1:
             raise ValueError(f"forecast steps must be >= 1, got {steps}")
-        self.candidates = {m.name: m for m in candidates}
+        if not candidates and not pool:
+            raise ValueError("at least one candidate model is needed (or the built-in pool)")
+        if not 0.0 <= margin < 1.0:
+            raise ValueError(f"margin must be in [0, 1), got {margin}")
+        if not 0.0 < interval < 1.0:
+            raise ValueError(f"interval must be in (0, 1), got {interval}")
+        self.pool = pool
+        # A candidate named like a pool member (naive) is the pool's: one naive, not two.
+        self.candidates = {m.name: m for m in candidates if not (pool and m.name in NAMES)}
         self.steps = steps
         self.fitter = BoundedFitter(fit_timeout)
         self.reselect_every = reselect_every
         self.num_origins = num_origins
         self.min_points = min_points
         self.margin = margin
+        self.interval = interval
+        self.max_points = max_points
+        # Scored origins: enough horizon-long stretches that a few bursts do not decide (h-step
+        # errors of neighbouring origins share h-1 targets): an hour at 15 s, 8 horizons at least.
+        self.window = window if window is not None else max(240, 8 * steps)
+        # Calibration looks twice as far back: a quantile needs more points than a mean, and the
+        # errors of the member just chosen (for being lucky lately) would narrow the interval.
+        self.calibration_window = 2 * self.window
         # A last good fit is usable while it has forecasts left for the whole horizon.
         self.stale_steps = stale_steps if stale_steps is not None else 2 * steps
-        self.chosen = candidates[0].name
+        # Until MIN_ORIGINS origins can be scored: naive, the reactive signal (nothing known yet
+        # says a smoothed level or a trend would do better on this series).
+        self.chosen = "naive" if pool else candidates[0].name
+        self._window_chosen: dict[tuple[int, int], tuple[str, str]] = {}  # (start, end) -> (mean, peak)
         self._calls = 0
         self._last_good: tuple[Fitted, int] | None = None  # fitted, end index when fitted
         self.status = SelectorStatus(self.chosen, "naive")
-        # background=True: re-selection (many fits) runs in its own thread, so a forecast never
-        # waits for it; the choice changes when it finishes. False keeps runs reproducible.
+        # background=True: scoring the fitted candidates (many fits) runs in its own thread, so a
+        # forecast never waits for it; the choice changes when it finishes. False: reproducible.
         self.background = background
         self._select_pool = ThreadPoolExecutor(1, thread_name_prefix="forecast-select") if background else None
         self._selecting = None
 
-    def select(self, y: np.ndarray) -> str:
-        """Rolling-origin backtest of every candidate at the horizon on the recent history."""
-        n = len(y)
-        h = self.steps
+    # -- choosing ----------------------------------------------------------------------------
+    def _complex(self) -> set[str]:
+        return {n for n, trend in zip(NAMES, IS_TREND) if trend} | set(self.candidates)
+
+    def _switch(self, new: str) -> None:
+        if new != self.chosen:
+            self.status.num_switches += 1
+        self.chosen = new  # one str assignment: atomic for readers in other threads
+
+    def fitted_scores(self, y: np.ndarray) -> dict[str, float]:
+        """Rolling-origin refits of the fitted candidates at the last `num_origins` origins, and
+        the pool on the same origins (so the scores compare like with like)."""
+        n, h = len(y), self.steps
         origins = [n - h - k * max(1, h // 4) for k in range(self.num_origins)]
         origins = [o for o in origins if o >= self.min_points]
-        if len(self.candidates) == 1 or not origins:
-            return self.chosen
+        if not origins or not self.candidates:
+            return {}
         scores = {}
         for name, model in self.candidates.items():
             errs = []
@@ -108,22 +165,36 @@ class ModelSelector:
                 for o in origins:
                     # In the background thread a fit may take its time; in line it is bounded.
                     fitted = model.fit(y[:o], h) if self.background else self.fitter.fit(model, y[:o], h)
-                    fc = fitted.forecast(h)
-                    errs.append(abs(fc.mean[-1] - y[o + h - 1]))
+                    errs.append(abs(fitted.forecast(h).mean[-1] - y[o + h - 1]))
             except Exception as exc:  # noqa: BLE001 - a candidate that cannot fit is not chosen
                 self.status.last_error = f"selection: {name}: {exc}"
                 continue
             scores[name] = float(np.mean(errs))
-        if scores:
-            best = min(scores, key=scores.get)
-            default = next(iter(self.candidates))
-            # A few origins make a noisy score: leave the default (first) candidate only for a
-            # clear win, so selection does not chase noise.
-            if default in scores and scores[best] > (1.0 - self.margin) * scores[default]:
-                best = default
-            self.chosen = best  # one str assignment: atomic for readers in other threads
+        if self.pool:
+            bc = backcast(y[-self.max_points:])
+            t = np.asarray(origins) - 1 - (n - bc.n)  # the last point each refit saw, in bc's index
+            t = t[t >= 0]
+            if len(t):
+                errs = np.abs(bc.y[t + h][None, :] - bc.predict(h)[:, t]).mean(axis=1)
+                scores.update(dict(zip(NAMES, map(float, errs))))
+        return scores
+
+    def select(self, y: np.ndarray) -> str:
+        """Scores the fitted candidates (and the pool on their origins) and applies the rule."""
+        y = np.asarray(y, dtype=float)
+        scores = self.fitted_scores(y)
+        self._switch(choose(self.chosen, scores, self.margin, self._complex(), reference=REFERENCE))
         return self.chosen
 
+    def _apply_pool_rule(self, bc: Backcast) -> None:
+        if self.chosen in self.candidates:
+            return  # a fitted model is re-judged with the fitted candidates' scores
+        scores = pool_scores(bc, self.steps, self.window, WARM)
+        if scores is not None:
+            self._switch(choose(self.chosen, dict(zip(NAMES, map(float, scores))), self.margin,
+                                self._complex(), reference=REFERENCE))
+
+    # -- forecasting ---------------------------------------------------------------------------
     def forecast(self, y: np.ndarray, end_index: int | None = None) -> Forecast:
         """Forecast steps 1..steps after the last point; `end_index` numbers that point on an
         absolute step clock (the history may be a ring buffer), default len(y)."""
@@ -134,15 +205,23 @@ class ModelSelector:
         if len(y) < self.min_points:
             self.status.source = "naive"
             return Naive().fit(y, self.steps).forecast(self.steps)
-        if self._calls % self.reselect_every == 0:
+        started = time.perf_counter()
+        bc = backcast(y[-self.max_points:]) if self.pool else None
+        if self.candidates and self._calls % self.reselect_every == 0:
             if not self.background:
                 self.select(y)
             elif self._selecting is None or self._selecting.done():
                 self._selecting = self._select_pool.submit(self.select, y.copy())
         self._calls += 1
+        if bc is not None:
+            self._apply_pool_rule(bc)
         self.status.chosen = self.chosen
+        if self.chosen in NAMES and bc is not None:
+            fc = self._pool_forecast(bc, self.chosen)
+            self.status.source = "pool"
+            self.status.last_fit_seconds = time.perf_counter() - started
+            return fc
         model = self.candidates[self.chosen]
-        started = time.perf_counter()
         try:
             fitted = self.fitter.fit(model, y, self.steps + self.stale_steps)
             fc = fitted.forecast(self.steps)
@@ -157,6 +236,61 @@ class ModelSelector:
         self._last_good = (fitted, end)
         self.status.source = "fit"
         return fc
+
+    def _pool_forecast(self, bc: Backcast, name: str) -> Forecast:
+        i = index_of(name)
+        mean = bc.path(i, self.steps)
+        lower, upper, _ = step_bounds(bc, i, self.steps, self.calibration_window, WARM, self.interval, mean)
+        return Forecast(mean, np.maximum(lower, 0.0), upper, name)
+
+    def forecast_window(self, y: np.ndarray, end_index: int | None = None, start_step: int = 1,
+                        end_step: int | None = None, quantile: float = 0.9) -> WindowForecast:
+        """The mean rate over steps start_step..end_step (inclusive; 1 = the step after the last
+        point) and calibrated `quantile`s of that mean and of the window's peak (max over its
+        steps of the per-step rate). The pool member is chosen for this window by the same rule
+        (scored on the window mean's absolute error); the quantiles are split-conformal on its
+        residuals (actual minus forecast) at the last `window` origins whose windows have ended.
+        `end_index` is accepted for symmetry with `forecast` (the history carries the state)."""
+        y = np.asarray(y, dtype=float)
+        end_step = self.steps if end_step is None else end_step
+        if len(y) == 0:
+            raise ValueError("no history to forecast from")
+        if not 1 <= start_step <= end_step:
+            raise ValueError(f"need 1 <= start_step <= end_step, got {start_step}..{end_step}")
+        if not 0.0 < quantile < 1.0:
+            raise ValueError(f"quantile must be in (0, 1), got {quantile}")
+        bc = backcast(y[-self.max_points:])
+        key = (start_step, end_step)
+        mean_pred, peak_pred = window_predictions(bc, start_step, end_step)
+        mean_act, peak_act = window_actuals(bc.y, start_step, end_step)
+        t = origins_for(bc.n, end_step, self.window, WARM)
+        t_cal = origins_for(bc.n, end_step, self.calibration_window, WARM)
+        trends = {n for n, tr in zip(NAMES, IS_TREND) if tr}
+        mean_name, peak_name = self._window_chosen.get(key, ("naive", "naive"))
+        if len(t) >= MIN_ORIGINS:
+            # The mean's member by the window mean's absolute error; the peak's by the pinball
+            # loss its calibrated quantile would have had (the loss the peak is judged by).
+            scores = np.abs(mean_act[t][None, :] - mean_pred[:, t]).mean(axis=1)
+            mean_name = choose(mean_name, dict(zip(NAMES, map(float, scores))), self.margin, trends,
+                               reference=REFERENCE)
+            resid = peak_act[t_cal][None, :] - peak_pred[:, t_cal]
+            offsets = np.array([conformal_quantile(r, quantile) for r in resid])
+            losses = pinball_loss(resid - offsets[:, None], quantile).mean(axis=1)
+            peak_name = choose(peak_name, dict(zip(NAMES, map(float, losses))), self.margin, trends,
+                               reference=REFERENCE)
+        self._window_chosen[key] = (mean_name, peak_name)
+        i, j = index_of(mean_name), index_of(peak_name)
+        mean, peak = float(mean_pred[i, -1]), float(peak_pred[j, -1])
+        if len(t) >= MIN_ORIGINS:
+            mean_up = mean + max(0.0, conformal_quantile(mean_act[t_cal] - mean_pred[i, t_cal], quantile))
+            peak_up = peak + max(0.0, conformal_quantile(peak_act[t_cal] - peak_pred[j, t_cal], quantile))
+            return WindowForecast(start_step, end_step, quantile, mean, mean_up, peak, peak_up,
+                                  f"{mean_name}/{peak_name}", len(t_cal))
+        # Warming up (no window has ended often enough to calibrate on): the highest recent
+        # value, which a steady series' peak rarely passes.
+        top = float(np.quantile(bc.y[-max(2 * end_step, MIN_ORIGINS):], 1.0))
+        return WindowForecast(start_step, end_step, quantile, mean, max(mean, top), peak, max(peak, top),
+                              f"{mean_name}/{peak_name}", 0)
 
     def _fallback(self, y: np.ndarray, end: int) -> Forecast:
         if self._last_good is not None:

@@ -140,7 +140,10 @@ def test_a_real_fit_past_its_deadline_falls_back_to_the_reactive_signal():
     for k in range(300):
         policy.observe(sample(k * 15.0, k * 15.0 * 3.0, ready=3))
     d = policy.decide(300 * 15.0)
-    assert d.model_name == "naive(fallback)"
+    # ARIMA never fits in time, so it is never chosen: the selector's own pool answers (on a
+    # constant 3 req/s, naive or a level of it).
+    from forecaster.pool import NAMES
+    assert d.model_name in NAMES and d.model_name != "arima"
     assert "longer than" in policy.selector.status.last_error
     # The reactive signal: 3 req/s now at 1 req/s a replica.
     assert d.arrival_rate_mean == pytest.approx(3.0) and d.desired_replicas >= 3

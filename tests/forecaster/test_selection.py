@@ -60,7 +60,7 @@ def test_bounded_fitter_times_out_and_refuses_while_busy():
 
 
 def test_no_last_good_fit_falls_back_to_naive():
-    sel = ModelSelector([Raises()], steps=3, fit_timeout=1.0, min_points=5)
+    sel = ModelSelector([Raises()], steps=3, fit_timeout=1.0, min_points=5, pool=False)
     fc = sel.forecast(Y)
     assert fc.model_name == "naive(fallback)" and fc.mean.tolist() == [40.0] * 3
     assert sel.status.source == "naive" and "broken model" in sel.status.last_error
@@ -68,7 +68,7 @@ def test_no_last_good_fit_falls_back_to_naive():
 
 def test_failure_after_a_good_fit_uses_the_last_good_fit_shifted():
     flaky = Flaky()
-    sel = ModelSelector([flaky], steps=3, fit_timeout=1.0, min_points=5)
+    sel = ModelSelector([flaky], steps=3, fit_timeout=1.0, min_points=5, pool=False)
     assert sel.forecast(Y, end_index=100).mean.tolist() == [7.0] * 3
     flaky.fail = True
     fc = sel.forecast(Y, end_index=102)
@@ -81,7 +81,7 @@ def test_failure_after_a_good_fit_uses_the_last_good_fit_shifted():
 
 def test_slow_fit_falls_back_within_the_deadline():
     flaky = Flaky()
-    sel = ModelSelector([flaky], steps=3, fit_timeout=0.2, min_points=5)
+    sel = ModelSelector([flaky], steps=3, fit_timeout=0.2, min_points=5, pool=False)
     sel.forecast(Y, end_index=50)
     sel.candidates = {"slow": Slow(0.8)}
     sel.chosen = "slow"
@@ -101,7 +101,7 @@ def test_non_finite_forecast_counts_as_a_failure():
             m = np.full(steps, np.nan)
             return Fitted(self.name, m, m, m)
 
-    sel = ModelSelector([NaNModel()], steps=2, fit_timeout=1.0, min_points=5)
+    sel = ModelSelector([NaNModel()], steps=2, fit_timeout=1.0, min_points=5, pool=False)
     assert sel.forecast(Y).model_name == "naive(fallback)"
 
 
@@ -110,7 +110,7 @@ def test_selection_picks_the_candidate_with_lower_backtest_error():
     class Constant(Flaky):
         name = "constant"
 
-    sel = ModelSelector([Constant(), Naive()], steps=2, fit_timeout=1.0, min_points=5)
+    sel = ModelSelector([Constant(), Naive()], steps=2, fit_timeout=1.0, min_points=5, pool=False)
     assert sel.select(Y) == "naive"
 
 
@@ -125,7 +125,7 @@ def test_background_selection_never_delays_a_forecast():
             return super().fit(y, steps)
 
     sel = ModelSelector([Naive(), SlowToScore()], steps=2, fit_timeout=1.0, min_points=5, num_origins=4,
-                        background=True)
+                        background=True, pool=False)
     started = time.perf_counter()
     fc = sel.forecast(Y)
     # The selection (4 origins × 0.3 s for one candidate) runs in its thread; the forecast uses

@@ -1,0 +1,143 @@
+"""Online scoring, the switching rule and split-conformal calibration on the pool's backcast.
+
+Everything here reads a `Backcast` (forecaster/pool.py): every member's forecast at every past
+origin, made from the points before it. Scores and calibration errors are therefore genuine
+held-out errors of the recent past, recomputed from the history at every call (no state to
+drift, the same answer whether the caller came every step or every hour).
+
+The switching rule (`choose`), stated once, on each model's score: the larger of its mean
+absolute error at the decision horizon over the last `window` origins and over the last two
+horizons' worth (`pool_scores`):
+1. guards: a model that loses to `naive` is replaced by naive; a trend model (or a fitted one)
+   that loses to the smoothed level (`pool.REFERENCE`) is replaced by that level;
+2. then the window's best replaces what is kept only when it is `margin` better;
+so naive is the home state, and leaving it (or any choice) takes a clear win.
+
+Intervals: split-conformal on a rolling window. For each step h the chosen member's h-step errors
+at the last `window` origins whose targets are known; the bounds are their finite-sample
+conformal quantiles (the ceil((n+1)(1-tail))-th order statistic), so a 90 % interval covers
+90 % of what the recent past would have been, at that horizon, for that model.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from forecaster.pool import Backcast
+
+MIN_ORIGINS = 8   # fewer scored origins than this: no switch, no calibration (too noisy)
+
+
+def conformal_quantile(residuals: np.ndarray, q: float) -> float:
+    """The finite-sample split-conformal q-quantile: the ceil((n+1)q)-th smallest residual
+    (capped at the largest: with n < 1/(1-q) - 1 points the exact bound would be infinite)."""
+    r = np.sort(residuals[np.isfinite(residuals)])
+    n = len(r)
+    if n == 0:
+        return float("nan")
+    k = min(n, max(1, math.ceil((n + 1) * q)))
+    return float(r[k - 1])
+
+
+def pinball_loss(residuals: np.ndarray, q: float) -> np.ndarray:
+    """Pinball loss of residuals (actual − predicted quantile): q·r above, (q − 1)·r below."""
+    return np.where(residuals >= 0, q * residuals, (q - 1.0) * residuals)
+
+
+def choose(current: str, scores: dict[str, float], margin: float, complex_names: set[str],
+           naive: str = "naive", reference: str | None = None) -> str:
+    """The switching rule (module docstring). `scores`: mean absolute error on the same origins."""
+    if not scores:
+        return current
+    keep = current if current in scores else naive if naive in scores else min(scores, key=scores.get)
+    # Guards: the baseline a model loses to takes its place (the simpler choice is the default).
+    if naive in scores and scores[keep] > scores[naive]:
+        keep = naive
+    elif keep in complex_names and reference in scores and scores[keep] > scores[reference]:
+        keep = reference
+    best = min(scores, key=scores.get)
+    return best if scores[best] < (1.0 - margin) * scores[keep] else keep
+
+
+def origins_for(n: int, lead: int, window: int, warm: int) -> np.ndarray:
+    """The last `window` origins t whose target t + lead is inside the history (t >= warm)."""
+    last = n - 1 - lead
+    return np.arange(max(warm, last - window + 1), last + 1)
+
+
+def pool_scores(bc: Backcast, h: int, window: int, warm: int) -> np.ndarray | None:
+    """Every member's score at horizon h: the larger of its mean absolute h-step error over the
+    last `window` origins and over the last `recent_window(h)` (None: too few origins).
+
+    The long window keeps a lucky burst from deciding; the short one means a model that has
+    started to miss (a level lagging a ramp that began minutes ago) cannot hide behind an hour
+    of good errors before it."""
+    t = origins_for(bc.n, h, window, warm)
+    if len(t) < MIN_ORIGINS:
+        return None
+    errs = np.abs(bc.y[t + h][None, :] - bc.predict(h)[:, t])
+    short = min(len(t), recent_window(h))
+    return np.maximum(errs.mean(axis=1), errs[:, -short:].mean(axis=1))
+
+
+def recent_window(h: int) -> int:
+    """Origins in the short window: two horizons, MIN_ORIGINS at least."""
+    return max(MIN_ORIGINS, 2 * h)
+
+
+def step_bounds(bc: Backcast, member: int, steps: int, window: int, warm: int, interval: float,
+                mean: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Conformal lower/upper per step 1..steps around `mean`, and the fewest errors used.
+
+    Where a step has too few known targets (a short history), the widest bounds of the shorter
+    steps are used, widened by sqrt(h / h_known) as a random walk would (only while warming up).
+    """
+    tail = (1.0 - interval) / 2.0
+    lo, hi = np.full(steps, np.nan), np.full(steps, np.nan)
+    used = window
+    for h in range(1, steps + 1):
+        t = origins_for(bc.n, h, window, warm)
+        if len(t) < MIN_ORIGINS:
+            break
+        e = bc.y[t + h] - bc.predict(h, member)[t]
+        # Lower tail: the (1-tail)-quantile of the negated errors (the same finite-sample rule).
+        lo[h - 1], hi[h - 1] = -conformal_quantile(-e, 1.0 - tail), conformal_quantile(e, 1.0 - tail)
+        used = min(used, len(t))
+    known = int(np.sum(np.isfinite(hi)))
+    if known < steps:
+        if known == 0:
+            sd = float(np.std(np.diff(bc.y))) if bc.n > 2 else 0.0
+            base_lo, base_hi, known, used = -1.645 * sd, 1.645 * sd, 1, 0
+        else:
+            base_lo, base_hi = float(np.min(lo[:known])), float(np.max(hi[:known]))
+        grow = np.sqrt(np.arange(known + 1, steps + 1) / known)
+        lo[known:], hi[known:] = base_lo * grow, base_hi * grow
+    return mean + np.minimum(lo, 0.0), mean + np.maximum(hi, 0.0), used
+
+
+def window_coefficients(start: int, end: int) -> tuple[float, float, float]:
+    """Damped-trend multipliers for a window of steps start..end: (mean, at start, at end)."""
+    from forecaster.pool import DAMPING
+    damp = np.cumsum(DAMPING ** np.arange(1, end + 1))[start - 1:end]
+    return float(damp.mean()), float(damp[0]), float(damp[-1])
+
+
+def window_predictions(bc: Backcast, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+    """(members, n) each: the forecast mean over steps start..end, and of its peak, made at each t."""
+    c_mean, c_start, c_end = window_coefficients(start, end)
+    mean = np.maximum(bc.levels + c_mean * bc.trends, 0.0)
+    # The peak of a straight damped path is at one end: the far one for a rising trend.
+    peak = np.maximum(bc.levels + np.where(bc.trends > 0, c_end, c_start) * bc.trends, 0.0)
+    return mean, peak
+
+
+def window_actuals(y: np.ndarray, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+    """For origins t = 0..n-1-end: the actual mean and max of y[t+start..t+end]."""
+    import pandas as pd
+    width = end - start + 1
+    s = pd.Series(y)
+    mean = s.rolling(width).mean().to_numpy()[end:]     # row j: window ending at index j + end
+    peak = s.rolling(width).max().to_numpy()[end:]
+    return mean, peak
