@@ -1,0 +1,205 @@
+"""Goodput guard: answer 429 at once to a request that would miss its TTFT objective anyway.
+
+Past the knee every admitted request queues, and all of them miss; refusing the ones that are
+certain to miss keeps the queue short enough that the admitted ones still meet theirs, and lets
+the client retry elsewhere or later (`Retry-After`). The prediction uses only what this sidecar
+knows at the instant a request arrives:
+
+- the requests it has in flight to its engine, each either waiting for its first token or
+  decoding (read from each request's own `StreamTimer`, so it is exact at every instant, not the
+  engine's scraped gauges, which lag by a scrape interval);
+- an online `ServiceEstimate` of this replica: the decode step time against batch (from the TPOT
+  of finished streams) and the prefill rate (from measured TTFT against the prompt tokens that
+  were queued ahead at arrival).
+
+Predicted TTFT = (prompt tokens still waiting ahead + own prompt tokens) / prefill rate
++ step time at the current decode batch. Prompt length is characters / 4 at first, corrected by
+the engine's `usage.prompt_tokens` as answers come back.
+
+Thresholds: a class sheds above `ttft * (1 + admission_margin)`. A lower-priority class also
+sheds once the predicted wait exceeds PRIORITY_HEADROOM of the tightest TTFT objective among the
+classes above it, because the engine serves in arrival order: a low request admitted into a long
+queue delays every high request behind it. So low classes absorb the shedding first.
+
+Nothing is shed until MIN_SAMPLES requests have been measured: a guess is not a reason to refuse.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sidecar.config import SloConfig
+from sidecar.slo import SloClass
+from sidecar.timing import RequestTiming, StreamTimer
+
+CHARS_PER_TOKEN = 4.0       # a first guess for English BPE text; learned from usage afterwards
+MIN_SAMPLES = 16            # measured streamed requests before the guard may shed
+PRIORITY_HEADROOM = 0.5     # lower classes keep the queue under this share of a higher class's TTFT
+_DECAY = 0.97               # per-sample forgetting: about the last 30 requests carry the estimate
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One request's admission decision, and what the guard tracks while it is in flight."""
+
+    admitted: bool
+    predicted_ttft: float | None = None   # None: nothing predicted (guard off, or still learning)
+    threshold: float | None = None        # predicted TTFT above this is shed
+    retry_after: int = 0                  # seconds, for a shed request
+    prompt_tokens: float = 0.0            # estimated from the body
+    chars: int = 0
+    tokens_ahead: float = 0.0             # prompt tokens to prefill before this one's first token, own included
+    batch: int = 0                        # requests decoding when it arrived
+    arrived: float = 0.0
+    timer: StreamTimer | None = None
+    stream: bool = True
+
+    @property
+    def shed(self) -> bool:
+        return not self.admitted
+
+
+ADMIT_UNTRACKED = Ticket(admitted=True)
+
+
+class _Line:
+    """Exponentially weighted least squares for y = a + b x with b >= 0."""
+
+    def __init__(self):
+        self.w = self.x = self.y = self.xx = self.xy = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        d = _DECAY
+        self.w = self.w * d + 1
+        self.x, self.y = self.x * d + x, self.y * d + y
+        self.xx, self.xy = self.xx * d + x * x, self.xy * d + x * y
+
+    def fit(self) -> tuple[float, float]:
+        if self.w == 0:
+            return 0.0, 0.0
+        den = self.w * self.xx - self.x * self.x
+        slope = (self.w * self.xy - self.x * self.y) / den if den > 1e-9 * max(1.0, self.w * self.xx) else 0.0
+        if slope < 0:
+            # More batch never makes a step faster; a negative slope is noise.
+            slope = 0.0
+        return max(0.0, (self.y - slope * self.x) / self.w), slope
+
+
+class ServiceEstimate:
+    """The replica's decode step time (against batch) and prefill rate, learned online."""
+
+    def __init__(self):
+        self._step = _Line()             # TPOT of a finished stream against the batch it decoded in
+        self._sxx = self._sxy = 0.0      # prefill: (TTFT - step) = tokens_ahead / rate, through the origin
+        self.samples = 0
+
+    def step_time(self, batch: float) -> float:
+        a, b = self._step.fit()
+        return a + b * batch
+
+    @property
+    def prefill_rate(self) -> float | None:
+        """Prompt tokens per second, None before the first sample."""
+        return self._sxx / self._sxy if self._sxy > 0 else None
+
+    def predict(self, tokens_ahead: float, batch: int) -> float:
+        rate = self.prefill_rate
+        return (tokens_ahead / rate if rate else 0.0) + self.step_time(batch)
+
+    def observe(self, timing: RequestTiming, tokens_ahead: float, batch_then: int, batch_now: int) -> None:
+        if timing.tpot is not None:
+            self._step.add((batch_then + batch_now) / 2 + 1, timing.tpot)
+        if timing.ttft is not None and tokens_ahead > 0:
+            wait = max(0.0, timing.ttft - self.step_time(batch_then))
+            self._sxx, self._sxy = self._sxx * _DECAY + tokens_ahead ** 2, self._sxy * _DECAY + tokens_ahead * wait
+            self.samples += 1
+
+
+def prompt_chars(doc: dict) -> tuple[int, int]:
+    """(characters of prompt text, tokens given as ids) in an OpenAI request body."""
+    chars, ids = 0, 0
+
+    def walk(value) -> None:
+        nonlocal chars, ids
+        if isinstance(value, str):
+            chars += len(value)
+        elif isinstance(value, int) and not isinstance(value, bool):
+            ids += 1
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+        elif isinstance(value, dict):
+            # Chat content parts: {"type": "text", "text": ...}; roles and names add a few tokens.
+            walk(value.get("content", value.get("text")))
+
+    walk(doc.get("messages", doc.get("prompt")))
+    return chars, ids
+
+
+class Admission:
+    """Decides per arriving request; call `arrive` once, then `finish` once if it was admitted."""
+
+    def __init__(self, slo: SloConfig, min_samples: int = MIN_SAMPLES):
+        self.enabled = any(c.admission for c in slo.classes.values())
+        self.min_samples = min_samples
+        self.estimate = ServiceEstimate()
+        self._chars_per_token = CHARS_PER_TOKEN
+        self._in_flight: dict[int, Ticket] = {}
+        self._thresholds = {c.name: _threshold(c, slo.classes.values()) for c in slo.classes.values()}
+
+    def arrive(self, slo: SloClass, doc: dict, stream: bool, timer: StreamTimer, now: float) -> Ticket:
+        if not self.enabled:
+            return ADMIT_UNTRACKED
+        chars, ids = prompt_chars(doc)
+        own = max(1.0, chars / self._chars_per_token + ids)
+        waiting, batch = self._queue(now)
+        ahead = waiting + own
+        ready = self.estimate.samples >= self.min_samples
+        predicted = self.estimate.predict(ahead, batch) if ready else None
+        threshold = self._thresholds[slo.name]
+        if slo.admission and predicted is not None and predicted > threshold:
+            # The excess wait drains at about real time once arrivals stop: retry after it.
+            return Ticket(False, predicted, threshold, retry_after=max(1, math.ceil(predicted - threshold)))
+        ticket = Ticket(True, predicted, threshold, prompt_tokens=own, chars=chars, tokens_ahead=ahead,
+                        batch=batch, arrived=now, timer=timer, stream=stream)
+        self._in_flight[id(ticket)] = ticket
+        return ticket
+
+    def finish(self, ticket: Ticket, timing: RequestTiming) -> float | None:
+        """Forget the request, learn from it; returns |predicted - measured| TTFT when both exist."""
+        if self._in_flight.pop(id(ticket), None) is None:
+            return None
+        if not ticket.stream or timing.error is not None or timing.ttft is None:
+            return None   # a non-streamed answer's first token is not observable; errors teach nothing
+        if timing.input_tokens and ticket.chars:
+            # Usage corrects the characters-per-token guess for everything that follows.
+            ratio = ticket.chars / timing.input_tokens
+            self._chars_per_token = 0.9 * self._chars_per_token + 0.1 * min(16.0, max(0.5, ratio))
+            correction = timing.input_tokens - ticket.prompt_tokens
+            ticket.tokens_ahead = max(1.0, ticket.tokens_ahead + correction)
+        _, batch_now = self._queue(ticket.arrived + timing.e2e)
+        self.estimate.observe(timing, ticket.tokens_ahead, ticket.batch, batch_now)
+        return None if ticket.predicted_ttft is None else abs(ticket.predicted_ttft - timing.ttft)
+
+    def _queue(self, now: float) -> tuple[float, int]:
+        """(prompt tokens of in-flight requests still waiting for their first token, requests decoding)."""
+        waiting, decoding = 0.0, 0
+        for t in self._in_flight.values():
+            if t.stream:
+                first = t.timer.first_token_at
+            else:
+                # No first token is visible in a non-streamed answer: assume it came when predicted.
+                first = t.arrived + (t.predicted_ttft or 0.0)
+                first = first if first <= now else None
+            if first is None:
+                waiting += t.prompt_tokens
+            else:
+                decoding += 1
+        return waiting, decoding
+
+
+def _threshold(slo: SloClass, classes) -> float:
+    own = slo.ttft * (1 + slo.admission_margin)
+    above = [c.ttft for c in classes if c.priority > slo.priority]
+    return min(own, PRIORITY_HEADROOM * min(above)) if above else own
