@@ -16,7 +16,10 @@ Predicted TTFT = (prompt tokens still waiting ahead + own prompt tokens) / prefi
 + step time at the current decode batch. Prompt length is characters / 4 at first, corrected by
 the engine's `usage.prompt_tokens` as answers come back.
 
-Thresholds: a class sheds above `ttft * (1 + admission_margin)`. A lower-priority class also
+Thresholds: a class sheds above `ttft * (1 - admission_margin)`: under sustained overload the
+queue settles where arrivals start being refused, so admitted requests land near the threshold
+and the margin (default 20 %) is what keeps them under the objective despite the prediction's
+error. A lower-priority class also
 sheds once the predicted wait exceeds PRIORITY_HEADROOM of the tightest TTFT objective among the
 classes above it, because the engine serves in arrival order: a low request admitted into a long
 queue delays every high request behind it. So low classes absorb the shedding first.
@@ -200,6 +203,6 @@ class Admission:
 
 
 def _threshold(slo: SloClass, classes) -> float:
-    own = slo.ttft * (1 + slo.admission_margin)
+    own = slo.ttft * (1 - slo.admission_margin)
     above = [c.ttft for c in classes if c.priority > slo.priority]
     return min(own, PRIORITY_HEADROOM * min(above)) if above else own

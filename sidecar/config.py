@@ -7,7 +7,8 @@ SLO config file (`--slo-config FILE`, the shape the Helm chart renders):
       - {name: interactive, ttft: 0.5, tpot: 0.05, e2e: 30, objective: 0.99}
       - {name: batch, ttft: 10, tpot: 0.2, objective: 0.95}
     # optional per class: admission: true (shed requests predicted to miss ttft, answering 429),
-    # admission_margin: 0.1 (fraction of ttft tolerated), priority: 0 (higher is shed later)
+    # admission_margin: 0.2 (shed above 0.8 x ttft: room for the prediction's error), priority: 0
+    # (higher is shed later)
     rules:                             # first match wins; then default_class
       - header: x-slo-class            # the header's value names the class (ignored if unknown)
       - model: "llama-batch-*"         # glob on the request's model
@@ -116,7 +117,7 @@ def parse_slo_config(doc: object, where: str = "SLO config") -> SloConfig:
             raise ConfigError(f"{classes_key}.objective: must be 0 < objective < 1 (e.g. 0.99), got {objective!r}")
         try:
             slo = SloClass(name=name, ttft=item["ttft"], tpot=item["tpot"], e2e=item.get("e2e"), objective=objective,
-                           admission=item.get("admission", False), admission_margin=item.get("admission_margin", 0.1),
+                           admission=item.get("admission", False), admission_margin=item.get("admission_margin", 0.2),
                            priority=item.get("priority", 0))
         except ValueError as exc:
             raise ConfigError(f"{classes_key}: {exc}") from None

@@ -106,7 +106,7 @@ class Upstream:
             async with self._prefill:
                 await asyncio.sleep(prompt_tokens / self.prefill_rate)
             # The first token leaves at the scripted ttft or right after the prefill, whichever is later.
-            start = min(start, time.perf_counter() - ttft)
+            start = max(start, time.perf_counter() - ttft)
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n_chunks * per_chunk,
                  "total_tokens": prompt_tokens + n_chunks * per_chunk}
         if not req.get("stream"):

@@ -50,6 +50,7 @@ class LiveStats:
     finished: int = 0
     good: int = 0
     errors: int = 0
+    shed: int = 0
     started_at: float = 0.0
 
     def goodput(self, now: float) -> float:
@@ -83,12 +84,15 @@ async def _one(session: aiohttp.ClientSession, cfg: LoadConfig, req: PlannedRequ
     stats.sent += 1
     timer = StreamTimer(start, "chat" if cfg.endpoint == "chat" else "completion")
     error = None
-    cancelled = False
+    cancelled = shed = False
     try:
         async with session.post(url, json=_body(cfg, prompt, req), headers=cfg.headers) as resp:
             if resp.status != 200:
                 text = await resp.text()
                 error = f"HTTP {resp.status}: {_error_message(text)}"
+                # 429: refused at once by an admission guard (the sidecar's, or any rate limiter);
+                # an open-loop run does not retry, it records what the server did with the arrival.
+                shed = resp.status == 429
             else:
                 async for chunk in resp.content.iter_any():
                     timer.feed(chunk, time.perf_counter())
@@ -98,7 +102,7 @@ async def _one(session: aiohttp.ClientSession, cfg: LoadConfig, req: PlannedRequ
         error = f"{type(exc).__name__}: {exc}"
     timing = timer.finish(time.perf_counter())
     error = error or timing.error
-    verdict = judge(timing, cfg.slo, error=error, cancelled=cancelled)
+    verdict = judge(timing, cfg.slo, error=error, cancelled=cancelled, shed=shed)
     record.outcome, record.violated = verdict.outcome, list(verdict.violated)
     record.ttft, record.tpot, record.e2e = timing.ttft, timing.tpot, timing.e2e
     record.itl, record.output_tokens = list(timing.itl), timing.output_tokens
@@ -106,6 +110,7 @@ async def _one(session: aiohttp.ClientSession, cfg: LoadConfig, req: PlannedRequ
     stats.finished += 1
     stats.good += record.outcome == "good"
     stats.errors += record.outcome == "error"
+    stats.shed += record.outcome == "shed"
     return record
 
 

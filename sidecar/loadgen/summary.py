@@ -26,7 +26,7 @@ class RequestRecord:
     sent: float                 # when it actually went out (open loop: ~scheduled)
     input_tokens: int           # planned prompt tokens
     max_tokens: int
-    outcome: str = "error"      # good | slo_violated | error | cancelled
+    outcome: str = "error"      # good | slo_violated | error | cancelled | shed (answered 429)
     violated: list[str] = field(default_factory=list)
     ttft: float | None = None
     tpot: float | None = None
@@ -71,6 +71,8 @@ class Summary:
     itl: dict
     e2e: dict
     violations: dict
+    shed: int = 0                   # answered 429 by an admission guard; not good, not an error
+    admitted_attainment: float = 0.0   # good / (requests - shed): do the admitted ones meet the SLO?
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -87,6 +89,7 @@ def summarise(records: list[RequestRecord], duration: float, offered_span: float
     good = sum(1 for r in records if r.outcome == "good")
     errors = sum(1 for r in records if r.outcome == "error")
     cancelled = sum(1 for r in records if r.outcome == "cancelled")
+    shed = sum(1 for r in records if r.outcome == "shed")
     span = offered_span if offered_span and offered_span > 0 else duration
     violations: dict[str, int] = {}
     for r in records:
@@ -106,6 +109,8 @@ def summarise(records: list[RequestRecord], duration: float, offered_span: float
         itl=_dist([g for r in done for g in r.itl]),
         e2e=_dist([r.e2e for r in done if r.e2e is not None]),
         violations=violations,
+        shed=shed,
+        admitted_attainment=good / (n - shed) if n > shed else 0.0,
     )
 
 
@@ -116,7 +121,8 @@ def format_summary(s: Summary) -> str:
         return "-" if v is None else f"{v * 1000:.1f}"
 
     lines = [
-        f"requests {s.requests}  completed {s.completed}  good {s.good}  errors {s.errors}  cancelled {s.cancelled}",
+        f"requests {s.requests}  completed {s.completed}  good {s.good}  errors {s.errors}  cancelled {s.cancelled}"
+        + (f"  shed {s.shed} (admitted attainment {s.admitted_attainment * 100:.1f} %)" if s.shed else ""),
         f"duration {s.duration:.1f} s  offered {s.offered_rate:.3f} req/s  achieved {s.achieved_rate:.3f} req/s",
         f"goodput {s.goodput:.3f} req/s  attainment {s.attainment * 100:.1f} %  output {s.output_tokens_per_s:.1f} tok/s",
         f"{'ms':<6}{'p50':>10}{'p90':>10}{'p99':>10}{'mean':>10}",
