@@ -41,7 +41,8 @@ def test_sidecar_exposes_every_contract_metric_with_its_type(start_server, port)
 
 def test_contract_lists_every_design_metric_once():
     # DESIGN.md's tables: 19 sidecar metrics and 6 forecaster metrics, plus
-    # goodput_requests_arrived_total (the slo-capacity issue).
-    assert len(contract.by_source("sidecar")) == 20
+    # goodput_requests_arrived_total (the slo-capacity issue) and the admission guard's
+    # goodput_admission_predicted_ttft_seconds and goodput_admission_ttft_error_seconds.
+    assert len(contract.by_source("sidecar")) == 22
     assert len(contract.by_source("forecaster")) == 6
-    assert len(contract.METRICS) == 26
+    assert len(contract.METRICS) == 28
