@@ -75,7 +75,8 @@ async def _one(session: aiohttp.ClientSession, cfg: LoadConfig, req: PlannedRequ
                prompt: str, t0: float, stats: LiveStats) -> RequestRecord:
     url = f"{cfg.base_url}/v1/{'chat/completions' if cfg.endpoint == 'chat' else 'completions'}"
     record = RequestRecord(index=index, scheduled=req.arrival, sent=0.0, input_tokens=req.input_tokens,
-                           max_tokens=req.output_tokens)
+                           max_tokens=req.output_tokens, slo_class=req.slo_class)
+    headers = cfg.headers if req.slo_class is None else {**cfg.headers, "x-slo-class": req.slo_class}
     delay = t0 + req.arrival - time.perf_counter()
     if delay > 0:
         await asyncio.sleep(delay)
@@ -86,7 +87,7 @@ async def _one(session: aiohttp.ClientSession, cfg: LoadConfig, req: PlannedRequ
     error = None
     cancelled = shed = False
     try:
-        async with session.post(url, json=_body(cfg, prompt, req), headers=cfg.headers) as resp:
+        async with session.post(url, json=_body(cfg, prompt, req), headers=headers) as resp:
             if resp.status != 200:
                 text = await resp.text()
                 error = f"HTTP {resp.status}: {_error_message(text)}"

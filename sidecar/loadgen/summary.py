@@ -35,6 +35,7 @@ class RequestRecord:
     output_tokens: int = 0
     usage_input_tokens: int | None = None
     error: str | None = None
+    slo_class: str | None = None   # the x-slo-class it was sent with (a class mix), else None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -73,6 +74,7 @@ class Summary:
     violations: dict
     shed: int = 0                   # answered 429 by an admission guard; not good, not an error
     admitted_attainment: float = 0.0   # good / (requests - shed): do the admitted ones meet the SLO?
+    by_class: dict = field(default_factory=dict)   # class -> requests, good, shed, attainment (a class mix)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -111,7 +113,19 @@ def summarise(records: list[RequestRecord], duration: float, offered_span: float
         violations=violations,
         shed=shed,
         admitted_attainment=good / (n - shed) if n > shed else 0.0,
+        by_class=_by_class(records),
     )
+
+
+def _by_class(records: list[RequestRecord]) -> dict:
+    out: dict[str, dict] = {}
+    for name in sorted({r.slo_class for r in records if r.slo_class is not None}):
+        mine = [r for r in records if r.slo_class == name]
+        good = sum(r.outcome == "good" for r in mine)
+        shed = sum(r.outcome == "shed" for r in mine)
+        out[name] = {"requests": len(mine), "good": good, "shed": shed, "attainment": good / len(mine),
+                     "admitted_attainment": good / (len(mine) - shed) if len(mine) > shed else 0.0}
+    return out
 
 
 def format_summary(s: Summary) -> str:
@@ -132,4 +146,7 @@ def format_summary(s: Summary) -> str:
         lines.append(f"{name:<6}" + "".join(f"{ms(d, k):>10}" for k in ("p50", "p90", "p99", "mean")))
     if s.violations:
         lines.append("violations: " + ", ".join(f"{k} {v}" for k, v in sorted(s.violations.items())))
+    for name, c in s.by_class.items():
+        lines.append(f"class {name}: {c['requests']} requests, good {c['good']}, shed {c['shed']}, "
+                     f"attainment {c['attainment'] * 100:.1f} %, admitted attainment {c['admitted_attainment'] * 100:.1f} %")
     return "\n".join(lines)

@@ -203,3 +203,50 @@ def test_openai_client_gets_rate_limit_error_and_waits_retry_after(sidecars, eng
     # Two retries, each after Retry-After (the client's own backoff would be under a second).
     assert elapsed >= 2 * retry_after
     assert outcomes(live, "instant")["shed"] - shed_before == 3   # the call and its two retries
+
+
+# ---- goodput sweep --compare: the on/off comparison end to end ---------------------------------
+
+@pytest.mark.slow
+def test_sweep_compares_admission_off_and_on(start_server, engine_like, tmp_path):
+    import json
+    import subprocess
+
+    import yaml
+
+    from tests.support import goodput_command
+
+    urls = {}
+    for label, admission in (("off", False), ("on", True)):
+        path = tmp_path / f"{label}.yaml"
+        path.write_text(yaml.safe_dump({"classes": [{"name": "interactive", "ttft": TTFT, "tpot": 1.0, "admission": admission}]}))
+        port = free_port()
+        start_server(goodput_command("sidecar", "run", "--upstream", engine_like, "--port", str(port), "--slo-config", str(path),
+                                     "--engine-metrics-interval", "0"), f"http://127.0.0.1:{port}/healthz", timeout=60, name=label)
+        urls[label] = f"http://127.0.0.1:{port}"
+    out = tmp_path / "report"
+    proc = subprocess.run(goodput_command("sweep", "--compare", f"off={urls['off']},on={urls['on']}", "--model", "scripted",
+                                          "--rates", "5,30", "--duration", "4", "--input-tokens", str(PROMPT_WORDS),
+                                          "--output-tokens", "4", "--slo-ttft", str(TTFT), "--slo-tpot", "1",
+                                          "--out", str(out), "--quiet"), capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((out / "sweep.json").read_text())
+    off, on = ({p["rate"]: p for p in doc["series"][label]["points"]} for label in ("off", "on"))
+    assert doc["points"] == doc["series"]["off"]["points"]       # the first series stays the top level
+    assert off[5.0]["shed"] == on[5.0]["shed"] == 0               # a third of capacity: nothing shed
+    assert off[30.0]["shed"] == 0 and on[30.0]["shed"] > 20       # twice capacity: the guard sheds...
+    assert on[30.0]["admitted_attainment"] >= 0.9                 # ...and what it admits is served in time
+    assert on[30.0]["goodput"] > 2 * off[30.0]["goodput"]
+    assert (out / "goodput-compare.png").stat().st_size > 1000
+    assert "## Side by side" in (out / "summary.md").read_text()
+
+
+def test_sweep_refuses_a_malformed_compare_list():
+    import subprocess
+
+    from tests.support import goodput_command
+
+    proc = subprocess.run(goodput_command("sweep", "--compare", "off=127.0.0.1:1", "--rates", "1", "--model", "m"),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "--compare: expected NAME=VALUE pairs" in proc.stderr and "Traceback" not in proc.stderr
