@@ -57,6 +57,7 @@ class Ticket:
     arrived: float = 0.0
     timer: StreamTimer | None = None
     stream: bool = True
+    learned: bool = False                 # its TTFT has been fed to the estimate
 
     @property
     def shed(self) -> bool:
@@ -110,13 +111,16 @@ class ServiceEstimate:
         rate = self.prefill_rate
         return (tokens_ahead / rate if rate else 0.0) + self.step_time(batch)
 
-    def observe(self, timing: RequestTiming, tokens_ahead: float, batch_then: int, batch_now: int) -> None:
-        if timing.tpot is not None:
-            self._step.add((batch_then + batch_now) / 2 + 1, timing.tpot)
-        if timing.ttft is not None and tokens_ahead > 0:
-            wait = max(0.0, timing.ttft - self.step_time(batch_then))
+    def observe_ttft(self, ttft: float, tokens_ahead: float, batch_then: int) -> None:
+        """A first token: `ttft` after arriving behind `tokens_ahead` prompt tokens (own included)."""
+        if tokens_ahead > 0:
+            wait = max(0.0, ttft - self.step_time(batch_then))
             self._sxx, self._sxy = self._sxx * _DECAY + tokens_ahead ** 2, self._sxy * _DECAY + tokens_ahead * wait
             self.samples += 1
+
+    def observe_decode(self, tpot: float, batch: float) -> None:
+        """A finished stream's mean time per token while about `batch` requests decoded."""
+        self._step.add(batch, tpot)
 
 
 def prompt_chars(doc: dict) -> tuple[int, int]:
@@ -175,22 +179,33 @@ class Admission:
             return None
         if not ticket.stream or timing.error is not None or timing.ttft is None:
             return None   # a non-streamed answer's first token is not observable; errors teach nothing
+        if not ticket.learned:
+            self._learn_ttft(ticket, timing.ttft)
         if timing.input_tokens and ticket.chars:
             # Usage corrects the characters-per-token guess for everything that follows.
             ratio = ticket.chars / timing.input_tokens
             self._chars_per_token = 0.9 * self._chars_per_token + 0.1 * min(16.0, max(0.5, ratio))
-            correction = timing.input_tokens - ticket.prompt_tokens
-            ticket.tokens_ahead = max(1.0, ticket.tokens_ahead + correction)
-        _, batch_now = self._queue(ticket.arrived + timing.e2e)
-        self.estimate.observe(timing, ticket.tokens_ahead, ticket.batch, batch_now)
+        if timing.tpot is not None:
+            _, batch_now = self._queue(ticket.arrived + timing.e2e)
+            self.estimate.observe_decode(timing.tpot, (ticket.batch + batch_now) / 2 + 1)
         return None if ticket.predicted_ttft is None else abs(ticket.predicted_ttft - timing.ttft)
 
+    def _learn_ttft(self, ticket: Ticket, ttft: float) -> None:
+        ticket.learned = True
+        self.estimate.observe_ttft(ttft, ticket.tokens_ahead, ticket.batch)
+
     def _queue(self, now: float) -> tuple[float, int]:
-        """(prompt tokens of in-flight requests still waiting for their first token, requests decoding)."""
+        """(prompt tokens of in-flight requests still waiting for their first token, requests decoding).
+
+        A streamed request's first token is learned from here, as soon as the next request arrives
+        after it, rather than when it finishes: under overload the estimate must follow the engine
+        within a TTFT, not a whole response later."""
         waiting, decoding = 0.0, 0
         for t in self._in_flight.values():
             if t.stream:
                 first = t.timer.first_token_at
+                if first is not None and not t.learned:
+                    self._learn_ttft(t, first - t.timer.start)
             else:
                 # No first token is visible in a non-streamed answer: assume it came when predicted.
                 first = t.arrived + (t.predicted_ttft or 0.0)
