@@ -12,8 +12,9 @@ knows at the instant a request arrives:
   of finished streams) and the prefill rate (from measured TTFT against the prompt tokens that
   were queued ahead at arrival).
 
-Predicted TTFT = (prompt tokens still waiting ahead + own prompt tokens) / prefill rate
-+ step time at the current decode batch. Prompt length is characters / 4 at first, corrected by
+Predicted TTFT = (prompt tokens still waiting ahead + own prompt tokens) x (seconds per prompt
+token, which grows with the decode batch those requests join; see ServiceEstimate) + one step
+at the current decode batch. Prompt length is characters / 4 at first, corrected by
 the engine's `usage.prompt_tokens` as answers come back.
 
 Thresholds: a class sheds above `ttft * (1 - admission_margin)`: under sustained overload the
@@ -54,6 +55,7 @@ class Ticket:
     chars: int = 0
     tokens_ahead: float = 0.0             # prompt tokens to prefill before this one's first token, own included
     batch: int = 0                        # requests decoding when it arrived
+    batch_mean: float = 0.0               # ... and on average while it waits (those ahead join the batch)
     arrived: float = 0.0
     timer: StreamTimer | None = None
     stream: bool = True
@@ -91,31 +93,53 @@ class _Line:
 
 
 class ServiceEstimate:
-    """The replica's decode step time (against batch) and prefill rate, learned online."""
+    """The replica's decode step time (against batch) and prefill rate, learned online.
+
+    Prefill model: an engine with chunked prefill runs steps of c0 + c_p x (prompt tokens) +
+    c_d x (decoding requests). Prefilling X queued tokens at C tokens a step takes X / C steps,
+    while the batch grows from B to B + (requests ahead) as each of them finishes its prompt, so
+    the wait is X x (a + b x B_mean) with a = c0 / C + c_p and b = c_d / C: two coefficients,
+    fitted by least squares through the origin, that need neither C nor the engine's kind. An
+    engine that prefills one prompt at a time without decoding in between fits b = 0."""
 
     def __init__(self):
         self._step = _Line()             # TPOT of a finished stream against the batch it decoded in
-        self._sxx = self._sxy = 0.0      # prefill: (TTFT - step) = tokens_ahead / rate, through the origin
+        self._s11 = self._s12 = self._s22 = self._s1y = self._s2y = 0.0   # normal equations, decayed
         self.samples = 0
 
     def step_time(self, batch: float) -> float:
         a, b = self._step.fit()
         return a + b * batch
 
+    def _prefill(self) -> tuple[float, float]:
+        """(a, b): seconds per queued prompt token, and its growth per request in the batch."""
+        det = self._s11 * self._s22 - self._s12 * self._s12
+        if det > 1e-9 * max(1e-12, self._s11 * self._s22):
+            a = (self._s22 * self._s1y - self._s12 * self._s2y) / det
+            b = (self._s11 * self._s2y - self._s12 * self._s1y) / det
+            if a >= 0 and b >= 0:
+                return a, b
+        # Collinear, or a negative coefficient (noise): the batch term adds nothing; fit a alone.
+        return (self._s1y / self._s11 if self._s11 > 0 else 0.0), 0.0
+
     @property
     def prefill_rate(self) -> float | None:
-        """Prompt tokens per second, None before the first sample."""
-        return self._sxx / self._sxy if self._sxy > 0 else None
+        """Prompt tokens per second with nothing decoding, None before the first sample."""
+        a, _ = self._prefill()
+        return 1.0 / a if a > 0 else None
 
-    def predict(self, tokens_ahead: float, batch: int) -> float:
-        rate = self.prefill_rate
-        return (tokens_ahead / rate if rate else 0.0) + self.step_time(batch)
+    def predict(self, tokens_ahead: float, batch_mean: float, batch: int) -> float:
+        a, b = self._prefill()
+        return tokens_ahead * (a + b * batch_mean) + self.step_time(batch)
 
-    def observe_ttft(self, ttft: float, tokens_ahead: float, batch_then: int) -> None:
-        """A first token: `ttft` after arriving behind `tokens_ahead` prompt tokens (own included)."""
+    def observe_ttft(self, ttft: float, tokens_ahead: float, batch_mean: float, batch: int) -> None:
+        """A first token: `ttft` after arriving behind `tokens_ahead` prompt tokens (own included),
+        with about `batch_mean` requests decoding on average while it waited."""
         if tokens_ahead > 0:
-            wait = max(0.0, ttft - self.step_time(batch_then))
-            self._sxx, self._sxy = self._sxx * _DECAY + tokens_ahead ** 2, self._sxy * _DECAY + tokens_ahead * wait
+            wait = max(0.0, ttft - self.step_time(batch))
+            x1, x2, d = tokens_ahead, tokens_ahead * batch_mean, _DECAY
+            self._s11, self._s12, self._s22 = self._s11 * d + x1 * x1, self._s12 * d + x1 * x2, self._s22 * d + x2 * x2
+            self._s1y, self._s2y = self._s1y * d + x1 * wait, self._s2y * d + x2 * wait
             self.samples += 1
 
     def observe_decode(self, tpot: float, batch: float) -> None:
@@ -160,16 +184,17 @@ class Admission:
             return ADMIT_UNTRACKED
         chars, ids = prompt_chars(doc)
         own = max(1.0, chars / self._chars_per_token + ids)
-        waiting, batch = self._queue(now)
+        waiting, n_waiting, batch = self._queue(now)
         ahead = waiting + own
+        batch_mean = batch + n_waiting / 2
         ready = self.estimate.samples >= self.min_samples
-        predicted = self.estimate.predict(ahead, batch) if ready else None
+        predicted = self.estimate.predict(ahead, batch_mean, batch) if ready else None
         threshold = self._thresholds[slo.name]
         if slo.admission and predicted is not None and predicted > threshold:
             # The excess wait drains at about real time once arrivals stop: retry after it.
             return Ticket(False, predicted, threshold, retry_after=max(1, math.ceil(predicted - threshold)))
         ticket = Ticket(True, predicted, threshold, prompt_tokens=own, chars=chars, tokens_ahead=ahead,
-                        batch=batch, arrived=now, timer=timer, stream=stream)
+                        batch=batch, batch_mean=batch_mean, arrived=now, timer=timer, stream=stream)
         self._in_flight[id(ticket)] = ticket
         return ticket
 
@@ -186,21 +211,22 @@ class Admission:
             ratio = ticket.chars / timing.input_tokens
             self._chars_per_token = 0.9 * self._chars_per_token + 0.1 * min(16.0, max(0.5, ratio))
         if timing.tpot is not None:
-            _, batch_now = self._queue(ticket.arrived + timing.e2e)
+            _, _, batch_now = self._queue(ticket.arrived + timing.e2e)
             self.estimate.observe_decode(timing.tpot, (ticket.batch + batch_now) / 2 + 1)
         return None if ticket.predicted_ttft is None else abs(ticket.predicted_ttft - timing.ttft)
 
     def _learn_ttft(self, ticket: Ticket, ttft: float) -> None:
         ticket.learned = True
-        self.estimate.observe_ttft(ttft, ticket.tokens_ahead, ticket.batch)
+        self.estimate.observe_ttft(ttft, ticket.tokens_ahead, ticket.batch_mean, ticket.batch)
 
-    def _queue(self, now: float) -> tuple[float, int]:
-        """(prompt tokens of in-flight requests still waiting for their first token, requests decoding).
+    def _queue(self, now: float) -> tuple[float, int, int]:
+        """(prompt tokens of in-flight requests still waiting for their first token, how many of them,
+        requests decoding).
 
         A streamed request's first token is learned from here, as soon as the next request arrives
         after it, rather than when it finishes: under overload the estimate must follow the engine
         within a TTFT, not a whole response later."""
-        waiting, decoding = 0.0, 0
+        waiting, n_waiting, decoding = 0.0, 0, 0
         for t in self._in_flight.values():
             if t.stream:
                 first = t.timer.first_token_at
@@ -212,9 +238,10 @@ class Admission:
                 first = first if first <= now else None
             if first is None:
                 waiting += t.prompt_tokens
+                n_waiting += 1
             else:
                 decoding += 1
-        return waiting, decoding
+        return waiting, n_waiting, decoding
 
 
 def _threshold(slo: SloClass, classes) -> float:

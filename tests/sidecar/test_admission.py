@@ -73,16 +73,18 @@ def outcomes(live, slo_class: str) -> dict[str, float]:
 
 def test_estimate_recovers_prefill_rate_and_step_time():
     est = ServiceEstimate()
-    # A replica with step(B) = 10 ms + 2 ms x B and 1,000 prompt tokens/s: TTFT = tokens/1000 + step(batch).
+    # A replica with step(B) = 10 ms + 2 ms x B, 1,000 prompt tokens/s with nothing decoding, and
+    # 20 us more per queued token for every request decoding meanwhile:
+    # TTFT = tokens x (1 ms + 20 us x mean batch) + step(batch).
     for i in range(40):
-        batch, ahead = i % 7, 50 + 37 * (i % 11)
+        batch, ahead, mean = i % 7, 50 + 37 * (i % 11), (i % 7) + (i % 5) / 2
         step = 0.010 + 0.002 * (batch + 1)
-        ttft = ahead / 1000 + 0.010 + 0.002 * batch
+        ttft = ahead * (0.001 + 0.00002 * mean) + 0.010 + 0.002 * batch
         est.observe_decode(step, batch + 1)
-        est.observe_ttft(ttft, ahead, batch)
+        est.observe_ttft(ttft, ahead, mean, batch)
     assert est.step_time(5) == pytest.approx(0.020, rel=1e-6)
     assert est.prefill_rate == pytest.approx(1000, rel=1e-3)
-    assert est.predict(500, 2) == pytest.approx(0.5 + 0.014, rel=1e-3)
+    assert est.predict(500, 3.0, 2) == pytest.approx(500 * 0.00106 + 0.014, rel=1e-3)
 
 
 def test_lower_priority_classes_shed_at_a_lower_predicted_ttft():
