@@ -124,8 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         two = args.out / "two-classes.json"
         # A deployed guard has long learned its engine; this fresh sidecar learns at half the knee
         # first (unrecorded), as the "on" one did on the sweep's lowest rate.
+        # (Its own seed, so its prompts are not in the prefix cache when the measured run sends them.)
         run(goodput_command("load", "--url", urls["two"], "--rate", f"{args.knee / 2:g}", "--num-requests", "24",
-                            "--class-mix", "high=1,low=1", *common))
+                            "--class-mix", "high=1,low=1", *common, "--seed", str(args.seed + 1)))
         count = max(20, round(2 * args.knee * args.duration * 2))
         run(goodput_command("load", "--url", urls["two"], "--rate", f"{2 * args.knee:g}", "--num-requests", str(count),
                             "--class-mix", "high=1,low=1", "--json", str(two), *common))

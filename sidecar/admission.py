@@ -20,7 +20,9 @@ the engine's `usage.prompt_tokens` as answers come back.
 Thresholds: a class sheds above `ttft * (1 - admission_margin)`: under sustained overload the
 queue settles where arrivals start being refused, so admitted requests land near the threshold
 and the margin (default 20 %) is what keeps them under the objective despite the prediction's
-error. A lower-priority class also
+error. Where the predictor has recently under-shot by more than that (the 90th percentile of
+measured - predicted over the last 100 admitted requests; a loaded or noisy engine), that
+learned headroom replaces the margin, up to 60 % of the objective. A lower-priority class also
 sheds once the predicted wait exceeds PRIORITY_HEADROOM of the tightest TTFT objective among the
 classes above it, because the engine serves in arrival order: a low request admitted into a long
 queue delays every high request behind it. So low classes absorb the shedding first.
@@ -31,6 +33,7 @@ Nothing is shed until MIN_SAMPLES requests have been measured: a guess is not a 
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 from sidecar.config import SloConfig
@@ -41,6 +44,9 @@ CHARS_PER_TOKEN = 4.0       # a first guess for English BPE text; learned from u
 MIN_SAMPLES = 16            # measured streamed requests before the guard may shed
 PRIORITY_HEADROOM = 0.5     # lower classes keep the queue under this share of a higher class's TTFT
 _DECAY = 0.97               # per-sample forgetting: about the last 30 requests carry the estimate
+ERROR_WINDOW = 100          # admitted requests whose prediction error sets the learned headroom
+ERROR_QUANTILE = 0.9        # ... at this quantile of (measured - predicted): 9 in 10 admitted in time
+MAX_LEARNED_HEADROOM = 0.6  # share of a class's ttft the learned headroom may take at most
 
 
 @dataclass(eq=False)
@@ -177,7 +183,10 @@ class Admission:
         self.estimate = ServiceEstimate()
         self._chars_per_token = CHARS_PER_TOKEN
         self._in_flight: dict[int, Ticket] = {}
-        self._thresholds = {c.name: _threshold(c, slo.classes.values()) for c in slo.classes.values()}
+        self._classes = tuple(slo.classes.values())
+        self._misses: deque[float] = deque(maxlen=ERROR_WINDOW)   # measured - predicted, admitted requests
+        self.learned_headroom = 0.0
+        self._thresholds = {c.name: _threshold(c, self._classes) for c in self._classes}
 
     def arrive(self, slo: SloClass, doc: dict, stream: bool, timer: StreamTimer, now: float) -> Ticket:
         if not self.enabled:
@@ -213,7 +222,18 @@ class Admission:
         if timing.tpot is not None:
             _, _, batch_now = self._queue(ticket.arrived + timing.e2e)
             self.estimate.observe_decode(timing.tpot, (ticket.batch + batch_now) / 2 + 1)
-        return None if ticket.predicted_ttft is None else abs(ticket.predicted_ttft - timing.ttft)
+        if ticket.predicted_ttft is None:
+            return None
+        self._learn_error(timing.ttft - ticket.predicted_ttft)
+        return abs(ticket.predicted_ttft - timing.ttft)
+
+    def _learn_error(self, miss: float) -> None:
+        """Keep the threshold below each objective by what the predictor recently under-shot."""
+        self._misses.append(miss)
+        if len(self._misses) >= self.min_samples:
+            ordered = sorted(self._misses)
+            self.learned_headroom = max(0.0, ordered[int(ERROR_QUANTILE * (len(ordered) - 1))])
+            self._thresholds = {c.name: _threshold(c, self._classes, self.learned_headroom) for c in self._classes}
 
     def _learn_ttft(self, ticket: Ticket, ttft: float) -> None:
         ticket.learned = True
@@ -244,7 +264,14 @@ class Admission:
         return waiting, n_waiting, decoding
 
 
-def _threshold(slo: SloClass, classes) -> float:
-    own = slo.ttft * (1 - slo.admission_margin)
+def _threshold(slo: SloClass, classes, learned_headroom: float = 0.0) -> float:
+    """Predicted TTFT above which `slo` sheds: its objective less the larger of its margin and what
+    the predictor recently under-shot (capped, so a wild predictor cannot shed everything); for a
+    lower-priority class also half the tightest objective above it."""
+    headroom = slo.admission_margin * slo.ttft
+    if slo.admission_margin >= 0:
+        # A negative margin asks to shed only predicted misses; then the learned headroom is not used.
+        headroom = max(headroom, min(learned_headroom, MAX_LEARNED_HEADROOM * slo.ttft))
+    own = slo.ttft - headroom
     above = [c.ttft for c in classes if c.priority > slo.priority]
     return min(own, PRIORITY_HEADROOM * min(above)) if above else own

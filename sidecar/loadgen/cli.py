@@ -223,8 +223,11 @@ def run_sweep_cmd(args) -> int:
     for i, rate in enumerate(rates):
         requests, note, _ = build_workload(args, rate=rate, duration=args.duration)
         print(f"[{i + 1}/{len(rates)}] {note}")
-        for label in endpoints:
-            # The same requests (same seed) to every endpoint, one after the other.
+        for j, label in enumerate(endpoints):
+            # The same arrivals and lengths (same seed) to every endpoint, one after the other, but
+            # fresh prompt text for each run: the engine's prefix cache would otherwise serve a
+            # repeated prompt almost free, and every run after the first would look faster.
+            prepared[label][1].seed = args.seed + 7919 * (1 + j + len(endpoints) * i)
             records, duration = execute(args, prepared[label], requests, f"{label} {rate:g} req/s".strip())
             series[label].append(SweepPoint(rate, summarise(records, duration, requests[-1].arrival)))
             s = series[label][-1].summary

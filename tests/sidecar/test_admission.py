@@ -20,6 +20,7 @@ from sidecar.loadgen.prompts import PromptFactory
 from sidecar.loadgen.runner import LoadConfig, run_load
 from sidecar.loadgen.workload import poisson_arrivals, synthetic_workload
 from sidecar.slo import SloClass
+from sidecar.timing import RequestTiming
 from tests.sidecar.conftest import upstream_command
 from tests.support import ServerProcess, free_port
 
@@ -95,6 +96,29 @@ def test_lower_priority_classes_shed_at_a_lower_predicted_ttft():
     assert _threshold(high, classes) == pytest.approx(0.8)        # its own objective less 20 %
     assert _threshold(mid, classes) == pytest.approx(0.5)         # half of high's 1 s: keeps room for it
     assert _threshold(low, classes) == pytest.approx(0.3)         # its own objective is tighter still
+
+
+def test_recent_under_prediction_widens_the_headroom_up_to_a_cap():
+    from sidecar.admission import Admission, Ticket
+
+    config = slo_config({"name": "a", "ttft": 1.0, "tpot": 1.0, "admission": True})
+    guard = Admission(config)
+    assert guard._thresholds["a"] == pytest.approx(0.8)          # the margin alone: 1 s less 20 %
+    for i in range(100):
+        # Measured TTFT 0.3 s over the prediction for one in four: p90 of the misses is 0.3 s.
+        predicted, miss = 0.4, (0.3 if i % 4 == 0 else -0.05)
+        ticket = Ticket(True, predicted, 0.8, tokens_ahead=100, timer=None, stream=True)
+        guard._in_flight[id(ticket)] = ticket
+        ticket.learned = True
+        timing = RequestTiming(ttft=predicted + miss, e2e=1.0, itl=[], tpot=None, output_tokens=1, input_tokens=None,
+                               finish_reasons=[], error=None, usage_seen=True, model=None)
+        assert guard.finish(ticket, timing) == pytest.approx(abs(miss))
+    assert guard.learned_headroom == pytest.approx(0.3)
+    assert guard._thresholds["a"] == pytest.approx(0.7)          # 1 s less the learned 0.3 s
+    high = SloClass("high", ttft=1.0, tpot=0.1, admission=True)
+    assert _threshold(high, (high,), learned_headroom=5.0) == pytest.approx(0.4)    # capped at 60 % of ttft
+    tolerant = SloClass("t", ttft=1.0, tpot=0.1, admission=True, admission_margin=-0.5)
+    assert _threshold(tolerant, (tolerant,), learned_headroom=0.3) == pytest.approx(1.5)   # sheds only sure misses
 
 
 def test_prompt_length_is_read_from_either_endpoint():
