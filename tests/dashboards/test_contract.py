@@ -46,3 +46,12 @@ def test_contract_lists_every_design_metric_once():
     assert len(contract.by_source("sidecar")) == 22
     assert len(contract.by_source("forecaster")) == 6
     assert len(contract.METRICS) == 28
+
+
+def test_contract_outcomes_are_the_sidecars():
+    # The rules and panels match outcome label values by name: a new sidecar outcome (shed, from
+    # the admission guard) must be in the contract, or the SLO error ratio would not count it.
+    from sidecar.slo import OUTCOMES
+
+    assert contract.OUTCOMES == OUTCOMES
+    assert set(contract.BAD_OUTCOMES.split("|")) == set(OUTCOMES) - {"good", "cancelled"}
