@@ -20,9 +20,12 @@ class Metric:
 
 
 # Label value sets; small and bounded on purpose (DESIGN.md: no unbounded labels).
-OUTCOMES = ("good", "slo_violated", "error", "cancelled")
+# `shed`: refused with 429 by the sidecar's admission guard; judged, and not good.
+OUTCOMES = ("good", "slo_violated", "error", "cancelled", "shed")
 OBJECTIVES = ("ttft", "tpot", "e2e")
 BOUNDS = ("mean", "upper")
+# Judged outcomes that are not good (a regex alternation for PromQL): what SLO error ratios count.
+BAD_OUTCOMES = "slo_violated|error|shed"
 
 _SIDECAR = [
     Metric("goodput_requests_total", "counter", ("model", "slo_class", "outcome"), "sidecar"),
@@ -37,6 +40,8 @@ _SIDECAR = [
     Metric("goodput_requests_in_flight", "gauge", ("model",), "sidecar"),
     Metric("goodput_slo_target_seconds", "gauge", ("slo_class", "objective"), "sidecar"),
     Metric("goodput_slo_objective_ratio", "gauge", ("slo_class",), "sidecar"),
+    Metric("goodput_admission_predicted_ttft_seconds", "histogram", ("model", "slo_class"), "sidecar"),
+    Metric("goodput_admission_ttft_error_seconds", "histogram", ("model", "slo_class"), "sidecar"),
     Metric("goodput_engine_requests_waiting", "gauge", ("model",), "sidecar"),
     Metric("goodput_engine_requests_running", "gauge", ("model",), "sidecar"),
     Metric("goodput_engine_kv_cache_usage_ratio", "gauge", ("model",), "sidecar"),

@@ -18,7 +18,8 @@ def _requests(outcome_matcher: str = "", by: str = "", window: str = RATE, fn: s
 
 GOOD = 'outcome="good"'
 JUDGED = 'outcome!="cancelled"'  # the rules' definition: cancelled requests are not judged
-BAD = 'outcome=~"slo_violated|error"'
+BAD = f'outcome=~"{c.BAD_OUTCOMES}"'   # shed requests were judged and not served in time
+SHED = 'outcome="shed"'
 FAILED = 'outcome=~"error|cancelled"'
 
 
@@ -60,7 +61,9 @@ def build():
             Query(_requests('outcome=~"good|slo_violated"'), "throughput"),
             # vector(0): "no failures" should read 0, not "no data" (the series appear on the first one).
             Query(_requests(FAILED) + " or vector(0)", "errors + cancelled"),
-        ], "reqps", min=0, description="Throughput keeps rising past the knee; goodput does not."),
+            Query(_requests(SHED) + " or vector(0)", "shed (429)"),
+        ], "reqps", min=0, description="Throughput keeps rising past the knee; goodput does not, unless the "
+                                       "admission guard sheds what would miss anyway."),
         series("Attainment per SLO class vs objective", [
             Query(_share(GOOD, JUDGED, "slo_class"), "{{slo_class}} attainment"),
             Query(f"max by (slo_class) ({m('goodput_slo_objective_ratio')}{{{CLASS}}})", "{{slo_class}} objective"),
@@ -79,7 +82,7 @@ def build():
                _latency("e2e", "End-to-end latency")]
     traffic = [
         series("Outcomes", [Query(_requests(by="outcome"), "{{outcome}}")], "reqps", stacked=True, min=0,
-               description="good | slo_violated | error | cancelled, per second."),
+               description="good | slo_violated | error | cancelled | shed, per second."),
         series("SLO violations by objective", [
             Query(f"sum by (objective) (rate({m('goodput_slo_violations_total')}{{{MODEL_CLASS}}}[{RATE}]))", "{{objective}}")
         ], "reqps", min=0, description="Which objective requests missed (one request may miss several)."),
@@ -89,7 +92,28 @@ def build():
             Query(f"sum(rate({m('goodput_output_tokens_total')}{{{MODEL_CLASS}}}[{RATE}]))", "output tokens/s"),
         ], "short", min=0),
     ]
+    predicted = m("goodput_admission_predicted_ttft_seconds_bucket")
+    error = m("goodput_admission_ttft_error_seconds_bucket")
+    admission = [
+        series("Shed by the admission guard", [
+            Query(_requests(SHED, "slo_class") + " or vector(0)", "{{slo_class}} shed req/s"),
+        ], "reqps", w=8, min=0,
+               description="Requests answered 429 + Retry-After because their predicted TTFT would miss the class's "
+                           "objective. Sustained shedding is a capacity problem (alert GoodputSheddingSustained)."),
+        series("Predicted TTFT at arrival", [
+            Query(f"histogram_quantile({q}, sum by (le) (rate({predicted}{{{MODEL_CLASS}}}[{RATE}])))", f"p{round(q * 100)}")
+            for q in (0.5, 0.9, 0.99)
+        ] + [Query(f'max by (slo_class) ({m("goodput_slo_target_seconds")}{{{CLASS}, objective="ttft"}})',
+                   "target {{slo_class}}")], "s", w=8, min=0,
+               description="What the guard predicted for every request it judged, admitted or shed, against the target."),
+        series("TTFT prediction error (admitted)", [
+            Query(f"histogram_quantile({q}, sum by (le) (rate({error}{{{MODEL_CLASS}}}[{RATE}])))", f"p{round(q * 100)} |error|")
+            for q in (0.5, 0.9)
+        ], "s", w=8, min=0,
+               description="|predicted - measured| TTFT of admitted streamed requests: how far the guard can be trusted."),
+    ]
     return dashboard(UID, "goodput / Goodput and SLOs", "dashboards/goodput_slo.py",
                      "Goodput (requests that met their TTFT and TPOT objectives) beside throughput, SLO "
                      "attainment, error budget and burn rate, latency percentiles against targets.",
-                     [("Goodput", overview), ("Error budget", budget), ("Latency", latency), ("Traffic", traffic)])
+                     [("Goodput", overview), ("Error budget", budget), ("Latency", latency), ("Traffic", traffic),
+                      ("Admission", admission)])

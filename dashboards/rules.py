@@ -28,6 +28,9 @@ class RulesConfig:
     preemptions_per_second: float = 1.0
     drain_alert_after: str = "2m"
     no_traffic_window: str = "15m"
+    # Share of judged requests the admission guard may refuse (5-minute rate, held for 15 minutes)
+    # before it is a capacity problem rather than a burst the guard absorbed as designed.
+    shed_ratio: float = 0.05
     # kube-state-metrics selector for the HPA in front of the serving Deployment. The chart names
     # it "<release>-goodput", which this matches.
     hpa_selector: str = 'horizontalpodautoscaler=~".*goodput.*"'
@@ -35,6 +38,8 @@ class RulesConfig:
     def __post_init__(self) -> None:
         if not 0 < self.kv_saturation_ratio <= 1:
             raise ValueError(f"kv_saturation_ratio={self.kv_saturation_ratio}: must be in (0, 1]")
+        if not 0 < self.shed_ratio < 1:
+            raise ValueError(f"shed_ratio={self.shed_ratio}: must be in (0, 1)")
         if self.preemptions_per_second <= 0:
             raise ValueError(f"preemptions_per_second={self.preemptions_per_second}: must be > 0")
 
@@ -63,9 +68,10 @@ def slo_recording_rules() -> list[dict]:
     }]
     for w in c.SLO_WINDOWS:
         # Cancelled requests are not judged (the client left; the service neither met nor missed
-        # its objective), so they are out of numerator and denominator. The `or ... * 0` keeps a
-        # 0 for a class that had traffic but no failures: a missing counter series is not "no data".
-        bad = f'sum by (slo_class) (rate({requests}{{outcome=~"slo_violated|error"}}[{w}]))'
+        # its objective), so they are out of numerator and denominator. Shed ones are judged and
+        # bad: a refused user was not served in time. The `or ... * 0` keeps a 0 for a class that
+        # had traffic but no failures: a missing counter series is not "no data".
+        bad = f'sum by (slo_class) (rate({requests}{{outcome=~"{c.BAD_OUTCOMES}"}}[{w}]))'
         judged = f'sum by (slo_class) (rate({requests}{{outcome!="cancelled"}}[{w}]))'
         rules.append({"record": c.error_ratio_record(w),
                       "expr": f"({bad} or 0 * {judged})\n/\n{judged}"})
@@ -152,7 +158,16 @@ def autoscaling_alerts(config: RulesConfig) -> list[dict]:
     at_max = f"count({current} >= on (namespace, horizontalpodautoscaler) {maximum}) > 0"
     upper = m("goodput_forecast_arrival_rate")
     capacity = m("goodput_replica_capacity_requests_per_second")
+    requests = m("goodput_requests_total")
+    shed = f'sum by (slo_class) (rate({requests}{{outcome="shed"}}[5m]))'
+    judged = f'sum by (slo_class) (rate({requests}{{outcome!="cancelled"}}[5m]))'
     return [
+        _alert(config, "GoodputSheddingSustained", f"{shed}\n/\n{judged}\n> {config.shed_ratio:g}", "15m", "warning",
+               "The admission guard refuses {{ $value | humanizePercentage }} of SLO class {{ $labels.slo_class }}",
+               "For 15 minutes the sidecars have answered more than " + f"{config.shed_ratio:.0%}"
+               + " of {{ $labels.slo_class }} requests with 429 because their predicted TTFT would miss the "
+               "objective: demand is above what the replicas serve. That is a capacity problem: check "
+               "that the autoscaler is adding replicas and is not at its maximum."),
         _alert(config, "GoodputQueueGrowingAtMaxReplicas",
                f"(\n  deriv({c.WAITING_RECORD}[10m]) > 0\nand\n  {c.WAITING_RECORD} > 0\n)\nand on ()\n{at_max}",
                "10m", "page",

@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from sidecar.advice import render as render_prompt
 from sidecar.advisor import Advisor
+from sidecar.admission import Admission
 from sidecar.config import ProxyConfig
 from sidecar.engine_metrics import EngineCollector, normalise
 from sidecar.metrics import ModelLabels, SidecarMetrics, zero_series
@@ -57,6 +58,7 @@ class Sidecar:
         self.models = ModelLabels(config.models)
         self.metrics = SidecarMetrics(registry, config.slo)
         zero_series(self.metrics, config.models, config.slo)
+        self.admission = Admission(config.slo)   # the goodput guard: off unless a class enables it
         self.engine = EngineCollector()
         registry.register(self.engine)
         self.advisor = Advisor(config.advice_window or 1, prefill_rate=self.engine.prefill_seconds_per_token)
@@ -211,6 +213,7 @@ class Sidecar:
         cancelled = False
         upstream = None
         doc = None
+        ticket = None
         try:
             try:
                 body = await read_body(request, self.config.max_body_bytes)
@@ -233,6 +236,9 @@ class Sidecar:
             span.request_attributes(model, stream, max_tokens if isinstance(max_tokens, int) else None)
             if capture:
                 span.capture_input(doc)
+            ticket = self.admission.arrive(slo, doc, stream, timer, _clock())
+            if ticket.shed:
+                return self._shed(ticket, slo.name)
             headers = upstream_headers(request, measured=True)
             span.inject(headers)
             self.metrics.started(label, slo.name)
@@ -278,11 +284,15 @@ class Sidecar:
             end = _clock()
             timing = timer.finish(end)
             error_type = error_type or timing.error_type
-            verdict = judge(timing, slo, error=error_type if not cancelled else None, cancelled=cancelled)
+            shed = ticket is not None and ticket.shed
+            verdict = judge(timing, slo, error=error_type if not cancelled else None, cancelled=cancelled, shed=shed)
             self.metrics.finished(label, slo, timing, verdict, in_flight=in_flight)
             if self.otel is not None:
                 self.otel.record(span.operation, label, slo.name, timing, None if cancelled else error_type,
                                  successful=error_type is None and not cancelled)
+            if ticket is not None:
+                self.metrics.admission(label, slo.name, ticket.predicted_ttft, self.admission.finish(ticket, timing))
+                span.admission(ticket.predicted_ttft)
             span.end(timing, verdict, slo, None if cancelled else error_type, end, capture_output=capture)
             if doc and self.config.advice_window:
                 self._advise(label, request.headers.get("x-tenant"), doc, timing)
@@ -298,6 +308,13 @@ class Sidecar:
                                      computed_tokens=computed)
         except Exception:   # noqa: BLE001 - advice is best effort, the request is already served
             log.exception("prompt-layout advice failed")
+
+    @staticmethod
+    def _shed(ticket, slo_name: str) -> web.Response:
+        return error_response(429, f"the server is at capacity: this request's predicted time to first token "
+                                   f"({ticket.predicted_ttft:.2f} s) exceeds what SLO class {slo_name!r} allows "
+                                   f"({ticket.threshold:.2f} s); retry after {ticket.retry_after} s",
+                              "rate_limit_exceeded", headers={"Retry-After": str(ticket.retry_after)})
 
     # ---- engine signals ----------------------------------------------------------------------
     async def scrape_once(self) -> bool:

@@ -6,6 +6,9 @@ SLO config file (`--slo-config FILE`, the shape the Helm chart renders):
     classes:
       - {name: interactive, ttft: 0.5, tpot: 0.05, e2e: 30, objective: 0.99}
       - {name: batch, ttft: 10, tpot: 0.2, objective: 0.95}
+    # optional per class: admission: true (shed requests predicted to miss ttft, answering 429),
+    # admission_margin: 0.2 (shed above 0.8 x ttft: room for the prediction's error), priority: 0
+    # (higher is shed later)
     rules:                             # first match wins; then default_class
       - header: x-slo-class            # the header's value names the class (ignored if unknown)
       - model: "llama-batch-*"         # glob on the request's model
@@ -74,6 +77,9 @@ DEFAULT_SLO_CONFIG = SloConfig(
 )
 
 
+CLASS_KEYS = ("name", "ttft", "tpot", "e2e", "objective", "admission", "admission_margin", "priority")
+
+
 def load_slo_config(path: str | Path) -> SloConfig:
     path = Path(path)
     try:
@@ -99,9 +105,9 @@ def parse_slo_config(doc: object, where: str = "SLO config") -> SloConfig:
         classes_key = f"{where}: classes[{i}]"
         if not isinstance(item, dict):
             raise ConfigError(f"{classes_key}: expected a mapping with name, ttft, tpot, e2e?, objective?")
-        extra = set(item) - {"name", "ttft", "tpot", "e2e", "objective"}
+        extra = set(item) - set(CLASS_KEYS)
         if extra:
-            raise ConfigError(f"{classes_key}: unknown key(s) {sorted(extra)}; allowed: name, ttft, tpot, e2e, objective")
+            raise ConfigError(f"{classes_key}: unknown key(s) {sorted(extra)}; allowed: {', '.join(CLASS_KEYS)}")
         for key in ("name", "ttft", "tpot"):
             if key not in item:
                 raise ConfigError(f"{classes_key}: missing required key '{key}'")
@@ -110,7 +116,9 @@ def parse_slo_config(doc: object, where: str = "SLO config") -> SloConfig:
         if isinstance(objective, (int, float)) and not isinstance(objective, bool) and objective >= 1:
             raise ConfigError(f"{classes_key}.objective: must be 0 < objective < 1 (e.g. 0.99), got {objective!r}")
         try:
-            slo = SloClass(name=name, ttft=item["ttft"], tpot=item["tpot"], e2e=item.get("e2e"), objective=objective)
+            slo = SloClass(name=name, ttft=item["ttft"], tpot=item["tpot"], e2e=item.get("e2e"), objective=objective,
+                           admission=item.get("admission", False), admission_margin=item.get("admission_margin", 0.2),
+                           priority=item.get("priority", 0))
         except ValueError as exc:
             raise ConfigError(f"{classes_key}: {exc}") from None
         if name in classes:

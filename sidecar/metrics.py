@@ -129,6 +129,14 @@ class SidecarMetrics:
         # no model or class, and so are not in goodput_requests_total.
         self.malformed = Counter("goodput_malformed_requests", "Requests refused with 400 because they are not valid "
                                  "HTTP/1.1 (bad framing, conflicting lengths, oversize headers).", registry=registry)
+        # The admission guard (sidecar/admission.py): what it predicted for every request it judged,
+        # and how far off it was for the admitted ones it could check (streamed, first token seen).
+        self.admission_predicted = Histogram("goodput_admission_predicted_ttft_seconds",
+                                             "TTFT the admission guard predicted when the request arrived (admitted or shed).",
+                                             mc, buckets=TTFT_BUCKETS, registry=registry)
+        self.admission_error = Histogram("goodput_admission_ttft_error_seconds",
+                                         "|predicted - measured| TTFT of admitted streamed requests: is the guard accurate?",
+                                         mc, buckets=TTFT_BUCKETS, registry=registry)
         self.draining = Gauge("goodput_draining", "1 while the sidecar drains after SIGTERM.", registry=registry)
         for slo in slo_config.classes.values():
             self.slo_ratio.labels(slo.name).set(slo.objective)
@@ -138,6 +146,13 @@ class SidecarMetrics:
     def started(self, model: str, slo_name: str) -> None:
         self.arrived.labels(model, slo_name).inc()
         self.in_flight.labels(model).inc()
+
+    def admission(self, model: str, slo_name: str, predicted: float | None, error: float | None) -> None:
+        """Record one request's admission prediction and, once it finished, its error."""
+        if predicted is not None:
+            self.admission_predicted.labels(model, slo_name).observe(predicted)
+        if error is not None:
+            self.admission_error.labels(model, slo_name).observe(error)
 
     def _children(self, model: str, slo_name: str) -> tuple:
         """The labelled series of one (model, class), looked up once: `.labels()` costs a lock
@@ -163,6 +178,8 @@ class SidecarMetrics:
             # Refused before it started (e.g. 413): it still arrived, so demand counts it once.
             self.arrived.labels(model, slo.name).inc()
         requests[verdict.outcome].inc()
+        if verdict.outcome == "shed":
+            return   # answered at once without reaching the engine: no latency or tokens to record
         for objective in verdict.violated:
             self.violations.labels(model, slo.name, objective).inc()
         if timing.ttft is not None:

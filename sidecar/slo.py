@@ -2,7 +2,8 @@
 
 A request is `good` when every objective its class sets holds (TTFT, TPOT, and E2E when given),
 as `vllm bench serve --goodput` decides it; a target is met when the measured value is at or
-under it. The verdict is decided once, at the end, from the finished `RequestTiming`.
+under it. The verdict is decided once, at the end, from the finished `RequestTiming`. A request the admission guard refused (sidecar/admission.py)
+ends `shed`: it was never served, and it is not good.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 
 from sidecar.timing import RequestTiming
 
-OUTCOMES = ("good", "slo_violated", "error", "cancelled")
+OUTCOMES = ("good", "slo_violated", "error", "cancelled", "shed")
 OBJECTIVES = ("ttft", "tpot", "e2e")
 
 
@@ -23,6 +24,13 @@ class SloClass:
     tpot: float                 # seconds per output token after the first
     e2e: float | None = None    # seconds, optional
     objective: float = 0.99     # share of requests that should be good
+    # Admission (sidecar/admission.py): refuse at once a request whose predicted TTFT exceeds
+    # (1 - admission_margin) x ttft. Under sustained overload the queue settles at that threshold,
+    # so the margin must cover the prediction's error for admitted requests to still meet `ttft`;
+    # a negative margin tolerates predicted misses instead. Off by default: shedding is a choice.
+    admission: bool = False
+    admission_margin: float = 0.2
+    priority: int = 0           # higher is shed later; lower classes are refused first
 
     def __post_init__(self):
         if not self.name or not isinstance(self.name, str):
@@ -39,6 +47,16 @@ class SloClass:
             raise ValueError(f"SLO class {self.name!r}: objective must be a ratio with 0 < objective < 1 "
                              f"(e.g. 0.99), got {self.objective!r}")
 
+        if not isinstance(self.admission, bool):
+            raise ValueError(f"SLO class {self.name!r}: admission must be true or false, got {self.admission!r}")
+        if (not isinstance(self.admission_margin, (int, float)) or isinstance(self.admission_margin, bool)
+                or not -1 <= self.admission_margin < 1):
+            raise ValueError(f"SLO class {self.name!r}: admission_margin must be a fraction of ttft in [-1, 1) "
+                             f"(0.2 = shed when predicted TTFT > 0.8 x ttft), got {self.admission_margin!r}")
+        if not isinstance(self.priority, int) or isinstance(self.priority, bool):
+            raise ValueError(f"SLO class {self.name!r}: priority must be an integer (higher is shed later), "
+                             f"got {self.priority!r}")
+
     def targets(self) -> dict[str, float]:
         """The objectives this class sets, by name."""
         out = {"ttft": float(self.ttft), "tpot": float(self.tpot)}
@@ -49,20 +67,23 @@ class SloClass:
 
 @dataclass(frozen=True)
 class Verdict:
-    outcome: str                                  # good | slo_violated | error | cancelled
+    outcome: str                                  # good | slo_violated | error | cancelled | shed
     violated: list[str] = field(default_factory=list)   # subset of ttft | tpot | e2e
 
 
 def judge(timing: RequestTiming, slo_class: SloClass, error: str | None = None,
-          cancelled: bool = False) -> Verdict:
+          cancelled: bool = False, shed: bool = False) -> Verdict:
     """The request's single outcome. Cancelled wins over error (the client left first, and
-    whatever failed after that is a consequence); error wins over SLO checks.
+    whatever failed after that is a consequence); error wins over SLO checks. A shed request was
+    answered 429 before it reached the engine: nothing else about it can be judged.
 
     A stream that finished cleanly without any content (e.g. max_tokens reached on an empty
     answer) is judged on TTFT with its E2E: the user waited that long for the (empty) answer.
     """
     if cancelled:
         return Verdict("cancelled")
+    if shed:
+        return Verdict("shed")
     if error is not None or timing.error is not None:
         return Verdict("error")
     violated = []

@@ -282,6 +282,11 @@ class StreamTimer:
     def done_seen(self) -> bool:
         return self._done
 
+    @property
+    def first_token_at(self) -> float | None:
+        """When the first content chunk went by (None until then); the admission guard reads it."""
+        return self._first
+
     def finish(self, now: float) -> RequestTiming:
         e2e = now - self.start
         error, error_type = self._error, self._error_type

@@ -95,6 +95,10 @@ class RequestSpan:
         if content is not None:
             self.span.set_attribute("gen_ai.input.messages", json.dumps(content)[:_CONTENT_LIMIT])
 
+    def admission(self, predicted_ttft: float | None) -> None:
+        if predicted_ttft is not None:
+            self.span.set_attribute("goodput.admission.predicted_ttft_seconds", predicted_ttft)
+
     def end(self, timing: RequestTiming, verdict: Verdict, slo: SloClass, error_type: str | None, end_perf: float,
             capture_output: bool = False) -> None:
         if self._ended:

@@ -8,7 +8,8 @@ recent past with range queries at the forecast step, so forecasts start warm.
 Every query is configurable; `{window}` in a query is replaced by the rate window.
 Arrivals come from `goodput_requests_arrived_total` (counted when a request arrives); sidecars
 older than that counter fall back to `goodput_requests_total`, which counts a request when it
-ends and so lags, and understates demand, exactly when the engine is overloaded.
+ends and so lags, and understates demand, exactly when the engine is overloaded. Both count the
+requests the admission guard shed (outcome "shed"): refused demand is still demand.
 """
 
 from __future__ import annotations

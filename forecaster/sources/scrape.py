@@ -21,7 +21,9 @@ from forecaster.policy import FleetSample
 from forecaster.series import CounterRate
 
 # Demand is counted when a request arrives (goodput_requests_arrived_total); a sidecar older than
-# that counter is read through the requests it ended, which lag by a request's duration.
+# that counter is read through the requests it ended, which lag by a request's duration. Requests
+# the sidecar's admission guard shed (outcome "shed") are in both: refused demand is still demand,
+# and the replicas that would have served it are exactly what the autoscaler must add.
 ARRIVED = "goodput_requests_arrived_total"
 COUNTERS = {
     "arrivals": ("goodput_requests_total", None),

@@ -15,6 +15,11 @@ overrides the process defaults:
     status          answer with this HTTP status and an OpenAI error body instead
     hold            seconds to wait before sending the response headers at all
 
+Engine-like mode (`--prefill-rate R`, optionally `--itl-per-seq S`), for overload tests: prompts are
+prefilled one at a time in arrival order at R tokens/s (prompt tokens = characters / 4, reported as
+usage.prompt_tokens), the first token follows its prefill (and `ttft`), and the gap between tokens
+is `itl + S x (streams decoding)`, so a queue builds past the knee the way it does in an engine.
+
 The number of content chunks is `max_tokens` / tokens_per_chunk (default max_tokens 16).
 Usage is sent when the request asks for it with stream_options.include_usage, and always on
 non-streaming answers. Plain HTTP/1.1 over asyncio streams, chunked transfer, keep-alive.
@@ -35,8 +40,12 @@ MODEL = "scripted"
 
 
 class Upstream:
-    def __init__(self, ttft: float, itl: float, metrics_text: str | None):
+    def __init__(self, ttft: float, itl: float, metrics_text: str | None, prefill_rate: float = 0.0,
+                 itl_per_seq: float = 0.0):
         self.ttft, self.itl, self.metrics_text = ttft, itl, metrics_text
+        self.prefill_rate, self.itl_per_seq = prefill_rate, itl_per_seq
+        self._prefill = asyncio.Lock()    # FIFO: one prompt at a time, in arrival order
+        self.decoding = 0
         self.stats = {"requests": 0, "completed": 0, "disconnects": 0, "active": 0, "tokens": 0}
         self.last_headers: dict[str, str] = {}
         self.last_body: dict = {}
@@ -91,7 +100,15 @@ class Upstream:
             status = int(script["status"])
             return _send(writer, status, json.dumps({"error": {"message": "scripted failure", "type": "server_error",
                                                                "param": None, "code": status}}).encode())
-        usage = {"prompt_tokens": 7, "completion_tokens": n_chunks * per_chunk, "total_tokens": 7 + n_chunks * per_chunk}
+        prompt_tokens = 7
+        if self.prefill_rate > 0:
+            prompt_tokens = max(1, _prompt_chars(req) // 4)
+            async with self._prefill:
+                await asyncio.sleep(prompt_tokens / self.prefill_rate)
+            # The first token leaves at the scripted ttft or right after the prefill, whichever is later.
+            start = max(start, time.perf_counter() - ttft)
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n_chunks * per_chunk,
+                 "total_tokens": prompt_tokens + n_chunks * per_chunk}
         if not req.get("stream"):
             await asyncio.sleep(max(0.0, start + ttft + (n_chunks - 1) * itl - time.perf_counter()))
             text = "".join(f"t{i} " for i in range(n_chunks))
@@ -130,10 +147,28 @@ class Upstream:
         if script.get("comment"):
             _chunk(writer, b": keep-alive\n\n")
         fail_after, error_after = script.get("fail_after"), script.get("error_after")
+        due = start + ttft
+        self.decoding += 1
+        try:
+            if not await self._tokens(chat, script, writer, itl, n_chunks, pre, post, due, fail_after, error_after):
+                return
+        finally:
+            self.decoding -= 1
+        options = req.get("stream_options") or {}
+        if options.get("include_usage") and error_after is None:
+            obj = "chat.completion.chunk" if chat else "text_completion"
+            _chunk(writer, b"data: " + json.dumps({"id": "x", "object": obj, "created": 0, "model": MODEL,
+                                                   "choices": [], "usage": usage}).encode() + b"\n\n")
+        _chunk(writer, b"data: [DONE]\n\n")
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    async def _tokens(self, chat, script, writer, itl, n_chunks, pre, post, due, fail_after, error_after) -> bool:
+        """The content chunks; False when the script killed the connection midway."""
         for i in range(n_chunks):
             if fail_after is not None and i == fail_after:
                 writer.transport.abort()     # the upstream dies: no terminating chunk
-                return
+                return False
             if error_after is not None and i == error_after:
                 if script.get("error_shape") == "flat":
                     err = {"object": "error", "message": "scripted mid-stream error", "type": "internal_error", "code": 500}
@@ -141,7 +176,8 @@ class Upstream:
                     err = {"error": {"message": "scripted mid-stream error", "type": "internal_error", "code": 500}}
                 _chunk(writer, b"data: " + json.dumps(err).encode() + b"\n\n")
                 break
-            due = start + ttft + i * itl
+            if i:
+                due += itl + self.itl_per_seq * self.decoding
             delay = due - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -156,14 +192,14 @@ class Upstream:
                 await writer.drain()
             if writer.transport.is_closing():
                 raise ConnectionError("client went away")
-        options = req.get("stream_options") or {}
-        if options.get("include_usage") and error_after is None:
-            obj = "chat.completion.chunk" if chat else "text_completion"
-            _chunk(writer, b"data: " + json.dumps({"id": "x", "object": obj, "created": 0, "model": MODEL,
-                                                   "choices": [], "usage": usage}).encode() + b"\n\n")
-        _chunk(writer, b"data: [DONE]\n\n")
-        writer.write(b"0\r\n\r\n")
-        await writer.drain()
+        return True
+
+
+def _prompt_chars(req: dict) -> int:
+    prompt = req.get("prompt")
+    if isinstance(prompt, str):
+        return len(prompt)
+    return sum(len(m.get("content") or "") for m in req.get("messages") or () if isinstance(m.get("content"), str))
 
 
 def _chunk(writer: asyncio.StreamWriter, data: bytes) -> None:
@@ -176,8 +212,9 @@ def _send(writer, status: int, body: bytes, ctype: str = "application/json") -> 
     return True
 
 
-async def serve(host: str, port: int, ttft: float, itl: float, metrics_text: str | None, ready=print) -> None:
-    upstream = Upstream(ttft, itl, metrics_text)
+async def serve(host: str, port: int, ttft: float, itl: float, metrics_text: str | None, ready=print,
+                prefill_rate: float = 0.0, itl_per_seq: float = 0.0) -> None:
+    upstream = Upstream(ttft, itl, metrics_text, prefill_rate, itl_per_seq)
     server = await asyncio.start_server(upstream.connection, host, port, backlog=1024)
     ready(f"scripted upstream on http://{host}:{server.sockets[0].getsockname()[1]} (ttft {ttft}s, itl {itl}s)")
     async with server:
@@ -190,11 +227,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--ttft", type=float, default=0.005)
     p.add_argument("--itl", type=float, default=0.005)
+    p.add_argument("--prefill-rate", type=float, default=0.0,
+                   help="engine-like mode: prefill prompts one at a time at this many tokens/s (0 = off)")
+    p.add_argument("--itl-per-seq", type=float, default=0.0,
+                   help="engine-like mode: each decoding stream adds this many seconds to every token gap")
     p.add_argument("--metrics-file", type=Path, help="served as /metrics (exposition text)")
     args = p.parse_args(argv)
     text = args.metrics_file.read_text() if args.metrics_file else None
     try:
-        asyncio.run(serve(args.host, args.port, args.ttft, args.itl, text, ready=lambda s: print(s, flush=True)))
+        asyncio.run(serve(args.host, args.port, args.ttft, args.itl, text, ready=lambda s: print(s, flush=True),
+                          prefill_rate=args.prefill_rate, itl_per_seq=args.itl_per_seq))
     except KeyboardInterrupt:
         pass
 

@@ -24,6 +24,9 @@ def register(registry) -> None:
     s.add_argument("--out", type=Path, default=Path("sweep-report"), help="report folder (default sweep-report)")
     s.add_argument("--no-warmup", action="store_true",
                    help="skip the two unmeasured warm-up requests sent before the first rate")
+    s.add_argument("--compare", metavar="LABEL=URL,...",
+                   help="send the same workload to each endpoint in turn at every rate (e.g. "
+                        "off=http://127.0.0.1:8080,on=http://127.0.0.1:8081: admission off vs on) instead of --url")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -53,6 +56,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slo-tpot", type=float, default=0.25, help="TPOT objective, seconds (default 0.25)")
     p.add_argument("--slo-e2e", type=float, help="optional end-to-end objective, seconds")
     p.add_argument("--objective", type=float, default=0.9, help="attainment objective for the knee (default 0.9)")
+    p.add_argument("--class-mix", metavar="CLASS=WEIGHT,...",
+                   help="send each request with x-slo-class drawn from these weights (e.g. high=1,low=3); "
+                        "the summary gives attainment per class")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-ignore-eos", action="store_true", help="let the model stop at EOS")
     p.add_argument("--quiet", action="store_true", help="no live progress display")
@@ -115,8 +121,33 @@ def build_workload(args, rate: float | None = None, count: int | None = None, du
         raise UsageError(f"--long-fraction must be in [0, 1], got {args.long_fraction}")
     reqs = workload.synthetic_workload(times, args.input_tokens, args.output_tokens, long_fraction=args.long_fraction,
                                        long_input_tokens=args.long_input_tokens, seed=args.seed)
+    reqs = workload.assign_classes(reqs, parse_pairs(args.class_mix, "--class-mix", float), args.seed)
     mix = f", {args.long_fraction:.0%} with {args.long_input_tokens}-token prompts" if args.long_fraction else ""
     return reqs, f"{kind} {rate:g} req/s, {count} requests of {args.input_tokens}+{args.output_tokens} tokens{mix}", 512
+
+
+def parse_pairs(text: str | None, flag: str, convert) -> dict:
+    """`a=1,b=2` -> {"a": convert("1"), ...}, refusing anything else with the flag's name."""
+    out: dict = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        try:
+            if not sep or not key.strip():
+                raise ValueError
+            out[key.strip()] = convert(value.strip())
+        except ValueError:
+            raise UsageError(f"{flag}: expected NAME=VALUE pairs separated by commas, got {item!r}") from None
+    if text is not None and not out:
+        raise UsageError(f"{flag}: expected at least one NAME=VALUE pair")
+    return out
+
+
+def _url(value: str) -> str:
+    if not value.startswith(("http://", "https://")):
+        raise ValueError(value)
+    return value
 
 
 def prepare(args, block_tokens: int):
@@ -175,28 +206,51 @@ def run_sweep_cmd(args) -> int:
         # A trace has its own arrival times; a sweep needs arrivals at each offered rate.
         raise UsageError("goodput sweep draws Poisson/Gamma arrivals at each --rates value; to replay a trace "
                          "faster or slower use goodput load --trace FILE --speedup X")
-    prepared = prepare(args, 512)
-    points = []
+    endpoints = parse_pairs(args.compare, "--compare", _url) if args.compare else {"": args.url}
+    prepared = {}
+    for label, url in endpoints.items():
+        prepared[label] = prepare(_with_url(args, url), 512)
+    series: dict[str, list] = {label: [] for label in endpoints}
     if not args.no_warmup:
         # First requests pay one-off costs (allocator growth, kernel selection, connection set-up)
         # that would be charged to the lowest rate; send two, unmeasured, as `vllm bench` does.
         from sidecar.loadgen.workload import PlannedRequest
 
         warm = [PlannedRequest(0.0, args.input_tokens, args.output_tokens), PlannedRequest(0.0, args.input_tokens, 4)]
-        execute(args, prepared, warm, "warm-up")
-    for rate in rates:
+        for label in endpoints:
+            execute(args, prepared[label], warm, f"warm-up {label}".strip())
+    stop = False
+    for i, rate in enumerate(rates):
         requests, note, _ = build_workload(args, rate=rate, duration=args.duration)
-        print(f"[{len(points) + 1}/{len(rates)}] {note}")
-        records, duration = execute(args, prepared, requests, f"{rate:g} req/s")
-        points.append(SweepPoint(rate, summarise(records, duration, requests[-1].arrival)))
-        s = points[-1].summary
-        print(f"    goodput {s.goodput:.3f} req/s  attainment {s.attainment * 100:.1f} %  "
-              f"throughput {s.achieved_rate:.3f} req/s  {s.output_tokens_per_s:.1f} tok/s")
-        if s.cancelled:
+        print(f"[{i + 1}/{len(rates)}] {note}")
+        for j, label in enumerate(endpoints):
+            # The same arrivals and lengths (same seed) to every endpoint, one after the other, but
+            # fresh prompt text for each run: the engine's prefix cache would otherwise serve a
+            # repeated prompt almost free, and every run after the first would look faster.
+            prepared[label][1].seed = args.seed + 7919 * (1 + j + len(endpoints) * i)
+            records, duration = execute(args, prepared[label], requests, f"{label} {rate:g} req/s".strip())
+            series[label].append(SweepPoint(rate, summarise(records, duration, requests[-1].arrival)))
+            s = series[label][-1].summary
+            print(f"    {label + ': ' if label else ''}goodput {s.goodput:.3f} req/s  attainment {s.attainment * 100:.1f} %  "
+                  f"throughput {s.achieved_rate:.3f} req/s  {s.output_tokens_per_s:.1f} tok/s"
+                  + (f"  shed {s.shed} (admitted attainment {s.admitted_attainment * 100:.1f} %)" if s.shed else ""))
+            stop = stop or bool(s.cancelled)
+        if stop:
             break
     slo = {"ttft": args.slo_ttft, "tpot": args.slo_tpot, "e2e": args.slo_e2e}
-    doc = write_report(args.out, points, args.objective, slo, {"url": args.url, "duration_per_rate": args.duration})
-    knee = find_knee(points, args.objective)
-    print(f"knee: {knee.rate:g} req/s" if knee else "knee: none (no rate met the objective)")
-    print(f"report: {args.out}/sweep.json, summary.md, goodput.png, latency.png")
+    points = next(iter(series.values()))
+    meta = {"url": args.url if not args.compare else dict(endpoints), "duration_per_rate": args.duration}
+    doc = write_report(args.out, points, args.objective, slo, meta, compare=series if args.compare else None)
+    for label, pts in series.items():
+        knee = find_knee(pts, args.objective)
+        print(f"{label + ' ' if label else ''}knee: {knee.rate:g} req/s" if knee
+              else f"{label + ' ' if label else ''}knee: none (no rate met the objective)")
+    extra = ", goodput-compare.png" if args.compare else ""
+    print(f"report: {args.out}/sweep.json, summary.md, goodput.png, latency.png{extra}")
     return 0 if doc else 1
+
+
+def _with_url(args, url: str):
+    copy = argparse.Namespace(**vars(args))
+    copy.url = url
+    return copy

@@ -30,7 +30,7 @@ async def run_with_progress(cfg, requests, prompts, label: str, quiet: bool = Fa
             bar = progress.add_task(label, total=len(requests), info="")
             while not task.done():
                 progress.update(bar, completed=stats.finished,
-                                info=f"sent {stats.sent} good {stats.good} err {stats.errors} "
+                                info=f"sent {stats.sent} good {stats.good} err {stats.errors} shed {stats.shed} "
                                      f"goodput {stats.goodput(time.perf_counter()):.2f} req/s")
                 await asyncio.wait([task], timeout=0.5)
             progress.update(bar, completed=stats.finished)

@@ -50,6 +50,7 @@ class LiveStats:
     finished: int = 0
     good: int = 0
     errors: int = 0
+    shed: int = 0
     started_at: float = 0.0
 
     def goodput(self, now: float) -> float:
@@ -74,7 +75,8 @@ async def _one(session: aiohttp.ClientSession, cfg: LoadConfig, req: PlannedRequ
                prompt: str, t0: float, stats: LiveStats) -> RequestRecord:
     url = f"{cfg.base_url}/v1/{'chat/completions' if cfg.endpoint == 'chat' else 'completions'}"
     record = RequestRecord(index=index, scheduled=req.arrival, sent=0.0, input_tokens=req.input_tokens,
-                           max_tokens=req.output_tokens, hash_ids=list(req.hash_ids))
+                           max_tokens=req.output_tokens, hash_ids=list(req.hash_ids), slo_class=req.slo_class)
+    headers = cfg.headers if req.slo_class is None else {**cfg.headers, "x-slo-class": req.slo_class}
     delay = t0 + req.arrival - time.perf_counter()
     if delay > 0:
         await asyncio.sleep(delay)
@@ -83,12 +85,15 @@ async def _one(session: aiohttp.ClientSession, cfg: LoadConfig, req: PlannedRequ
     stats.sent += 1
     timer = StreamTimer(start, "chat" if cfg.endpoint == "chat" else "completion")
     error = None
-    cancelled = False
+    cancelled = shed = False
     try:
-        async with session.post(url, json=_body(cfg, prompt, req), headers=cfg.headers) as resp:
+        async with session.post(url, json=_body(cfg, prompt, req), headers=headers) as resp:
             if resp.status != 200:
                 text = await resp.text()
                 error = f"HTTP {resp.status}: {_error_message(text)}"
+                # 429: refused at once by an admission guard (the sidecar's, or any rate limiter);
+                # an open-loop run does not retry, it records what the server did with the arrival.
+                shed = resp.status == 429
             else:
                 async for chunk in resp.content.iter_any():
                     timer.feed(chunk, time.perf_counter())
@@ -98,7 +103,7 @@ async def _one(session: aiohttp.ClientSession, cfg: LoadConfig, req: PlannedRequ
         error = f"{type(exc).__name__}: {exc}"
     timing = timer.finish(time.perf_counter())
     error = error or timing.error
-    verdict = judge(timing, cfg.slo, error=error, cancelled=cancelled)
+    verdict = judge(timing, cfg.slo, error=error, cancelled=cancelled, shed=shed)
     record.outcome, record.violated = verdict.outcome, list(verdict.violated)
     record.ttft, record.tpot, record.e2e = timing.ttft, timing.tpot, timing.e2e
     record.itl, record.output_tokens = list(timing.itl), timing.output_tokens
@@ -107,6 +112,7 @@ async def _one(session: aiohttp.ClientSession, cfg: LoadConfig, req: PlannedRequ
     stats.finished += 1
     stats.good += record.outcome == "good"
     stats.errors += record.outcome == "error"
+    stats.shed += record.outcome == "shed"
     return record
 
 

@@ -26,7 +26,7 @@ class RequestRecord:
     sent: float                 # when it actually went out (open loop: ~scheduled)
     input_tokens: int           # planned prompt tokens
     max_tokens: int
-    outcome: str = "error"      # good | slo_violated | error | cancelled
+    outcome: str = "error"      # good | slo_violated | error | cancelled | shed (answered 429)
     violated: list[str] = field(default_factory=list)
     ttft: float | None = None
     tpot: float | None = None
@@ -37,6 +37,7 @@ class RequestRecord:
     error: str | None = None
     cached_tokens: int | None = None   # usage.prompt_tokens_details.cached_tokens, where the server says
     hash_ids: list[int] = field(default_factory=list)   # the trace's prefix-block ids (for `goodput advise`)
+    slo_class: str | None = None   # the x-slo-class it was sent with (a class mix), else None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -73,6 +74,9 @@ class Summary:
     itl: dict
     e2e: dict
     violations: dict
+    shed: int = 0                   # answered 429 by an admission guard; not good, not an error
+    admitted_attainment: float = 0.0   # good / (requests - shed): do the admitted ones meet the SLO?
+    by_class: dict = field(default_factory=dict)   # class -> requests, good, shed, attainment (a class mix)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -89,6 +93,7 @@ def summarise(records: list[RequestRecord], duration: float, offered_span: float
     good = sum(1 for r in records if r.outcome == "good")
     errors = sum(1 for r in records if r.outcome == "error")
     cancelled = sum(1 for r in records if r.outcome == "cancelled")
+    shed = sum(1 for r in records if r.outcome == "shed")
     span = offered_span if offered_span and offered_span > 0 else duration
     violations: dict[str, int] = {}
     for r in records:
@@ -108,7 +113,21 @@ def summarise(records: list[RequestRecord], duration: float, offered_span: float
         itl=_dist([g for r in done for g in r.itl]),
         e2e=_dist([r.e2e for r in done if r.e2e is not None]),
         violations=violations,
+        shed=shed,
+        admitted_attainment=good / (n - shed) if n > shed else 0.0,
+        by_class=_by_class(records),
     )
+
+
+def _by_class(records: list[RequestRecord]) -> dict:
+    out: dict[str, dict] = {}
+    for name in sorted({r.slo_class for r in records if r.slo_class is not None}):
+        mine = [r for r in records if r.slo_class == name]
+        good = sum(r.outcome == "good" for r in mine)
+        shed = sum(r.outcome == "shed" for r in mine)
+        out[name] = {"requests": len(mine), "good": good, "shed": shed, "attainment": good / len(mine),
+                     "admitted_attainment": good / (len(mine) - shed) if len(mine) > shed else 0.0}
+    return out
 
 
 def format_summary(s: Summary) -> str:
@@ -118,7 +137,8 @@ def format_summary(s: Summary) -> str:
         return "-" if v is None else f"{v * 1000:.1f}"
 
     lines = [
-        f"requests {s.requests}  completed {s.completed}  good {s.good}  errors {s.errors}  cancelled {s.cancelled}",
+        f"requests {s.requests}  completed {s.completed}  good {s.good}  errors {s.errors}  cancelled {s.cancelled}"
+        + (f"  shed {s.shed} (admitted attainment {s.admitted_attainment * 100:.1f} %)" if s.shed else ""),
         f"duration {s.duration:.1f} s  offered {s.offered_rate:.3f} req/s  achieved {s.achieved_rate:.3f} req/s",
         f"goodput {s.goodput:.3f} req/s  attainment {s.attainment * 100:.1f} %  output {s.output_tokens_per_s:.1f} tok/s",
         f"{'ms':<6}{'p50':>10}{'p90':>10}{'p99':>10}{'mean':>10}",
@@ -128,4 +148,7 @@ def format_summary(s: Summary) -> str:
         lines.append(f"{name:<6}" + "".join(f"{ms(d, k):>10}" for k in ("p50", "p90", "p99", "mean")))
     if s.violations:
         lines.append("violations: " + ", ".join(f"{k} {v}" for k, v in sorted(s.violations.items())))
+    for name, c in s.by_class.items():
+        lines.append(f"class {name}: {c['requests']} requests, good {c['good']}, shed {c['shed']}, "
+                     f"attainment {c['attainment'] * 100:.1f} %, admitted attainment {c['admitted_attainment'] * 100:.1f} %")
     return "\n".join(lines)

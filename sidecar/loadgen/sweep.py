@@ -3,6 +3,11 @@
 The knee is the highest offered rate whose attainment still meets the SLO objective. Past it,
 throughput keeps rising (continuous batching packs more tokens per step) while goodput falls:
 the picture that says why throughput is the wrong number to scale on.
+
+With `--compare LABEL=URL,...` the same workload (same seed) goes to several endpoints, one
+after the other at each rate (so a noisy machine hurts them alike): e.g. a sidecar with the
+admission guard off and one with it on, in front of the same engine. The report then holds one
+series per label, a side-by-side table and both goodput curves in one plot.
 """
 
 from __future__ import annotations
@@ -38,15 +43,80 @@ def sweep_json(points: list[SweepPoint], objective: float, slo: dict, meta: dict
     }
 
 
-def write_report(out: Path, points: list[SweepPoint], objective: float, slo: dict, meta: dict) -> dict:
-    """sweep.json, summary.md and two PNG plots in `out`; returns the JSON document."""
+def write_report(out: Path, points: list[SweepPoint], objective: float, slo: dict, meta: dict,
+                 compare: dict[str, list[SweepPoint]] | None = None) -> dict:
+    """sweep.json, summary.md and two PNG plots in `out`; returns the JSON document.
+
+    `compare` (label -> points, `points` being the first series) adds `series` to sweep.json, a
+    side-by-side table to summary.md and every series' goodput curve to goodput.png. The top-level
+    `knee` and `points` stay those of the first series (what --capacity-from reads)."""
     out.mkdir(parents=True, exist_ok=True)
     doc = sweep_json(points, objective, slo, meta)
+    if compare:
+        doc["series"] = {label: sweep_json(pts, objective, slo, meta) for label, pts in compare.items()}
+        for one in doc["series"].values():
+            del one["meta"], one["slo"], one["objective"]
     (out / "sweep.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    (out / "summary.md").write_text(markdown(doc))
+    (out / "summary.md").write_text(markdown(doc) + (compare_markdown(doc) if compare else ""))
     if points:
         plot(points, doc, out)
+        if compare:
+            plot_compare(compare, doc, out)
     return doc
+
+
+def compare_markdown(doc: dict) -> str:
+    """One row per rate, the labelled series side by side."""
+    labels = list(doc["series"])
+    cols = ["goodput req/s", "attainment", "admitted attainment", "shed", "TTFT p99 ms (admitted)"]
+    head = ["\n## Side by side\n", "| offered req/s | " + " | ".join(f"{c} ({l})" for c in cols for l in labels) + " |",
+            "|---:|" + "---:|" * (len(cols) * len(labels))]
+    by_rate = {label: {p["rate"]: p for p in doc["series"][label]["points"]} for label in labels}
+    for rate in sorted({r for pts in by_rate.values() for r in pts}):
+        cells = []
+        for col in cols:
+            for label in labels:
+                p = by_rate[label].get(rate)
+                if p is None:
+                    cells.append("-")
+                elif col == "goodput req/s":
+                    cells.append(f"{p['goodput']:.3f}")
+                elif col == "attainment":
+                    cells.append(f"{p['attainment'] * 100:.1f} %")
+                elif col == "admitted attainment":
+                    cells.append(f"{p.get('admitted_attainment', p['attainment']) * 100:.1f} %")
+                elif col == "shed":
+                    cells.append(str(p.get("shed", 0)))
+                else:
+                    cells.append("-" if p["ttft"]["p99"] is None else f"{p['ttft']['p99'] * 1000:.0f}")
+        head.append(f"| {rate:.3g} | " + " | ".join(cells) + " |")
+    return "\n".join(head) + "\n"
+
+
+def plot_compare(compare: dict[str, list[SweepPoint]], doc: dict, out: Path) -> None:
+    """goodput-compare.png: goodput (solid) and throughput (dotted) against offered load, per series."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for i, (label, points) in enumerate(compare.items()):
+        rates = [p.rate for p in points]
+        color = f"C{i}"
+        ax.plot(rates, [p.summary.goodput for p in points], "o-", color=color, label=f"goodput, {label}")
+        ax.plot(rates, [p.summary.achieved_rate for p in points], ":", color=color, alpha=0.7,
+                label=f"throughput, {label}")
+    every = sorted({p.rate for pts in compare.values() for p in pts})
+    ax.plot(every, every, "--", color="grey", lw=0.8, label="offered")
+    ax.set_xlabel("offered load (req/s)")
+    ax.set_ylabel("req/s")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title("Goodput against offered load: " + " vs ".join(compare))
+    fig.tight_layout()
+    fig.savefig(out / "goodput-compare.png", dpi=110)
+    plt.close(fig)
 
 
 def markdown(doc: dict) -> str:

@@ -21,6 +21,21 @@ class PlannedRequest:
     output_tokens: int
     # Prefix-block ids (Mooncake): requests sharing the first k ids share that many prefix blocks.
     hash_ids: tuple[int, ...] = field(default=())
+    slo_class: str | None = None     # sent as x-slo-class (a class mix); None: the endpoint's default
+
+
+def assign_classes(requests: list[PlannedRequest], mix: dict[str, float], seed: int = 0) -> list[PlannedRequest]:
+    """Each request gets an SLO class drawn with the mix's weights (seeded: the same classes for
+    the same workload, whichever endpoint it is sent to)."""
+    if not mix:
+        return requests
+    names, weights = list(mix), np.asarray(list(mix.values()), dtype=float)
+    if (weights < 0).any() or weights.sum() <= 0:
+        raise ValueError(f"class mix weights must be >= 0 and not all 0, got {mix}")
+    rng = np.random.default_rng(seed + 2)
+    picks = rng.choice(len(names), size=len(requests), p=weights / weights.sum())
+    return [PlannedRequest(r.arrival, r.input_tokens, r.output_tokens, r.hash_ids, names[i])
+            for r, i in zip(requests, picks)]
 
 
 def poisson_arrivals(rate: float, count: int, seed: int = 0) -> np.ndarray:

@@ -18,10 +18,12 @@ from dashboards import contract
 
 # Lenient "interactive" so the tiny CPU engine meets it; "strict" can never be met (1 ms TTFT),
 # so every strict request is slo_violated: violations, burn rates and a real page alert exist.
+# Interactive has the admission guard on: its 30 s objective is never predicted to be missed, so
+# nothing is shed, but the guard's predicted-TTFT and error histograms get data.
 SLO_CONFIG = {
     "default_class": "interactive",
     "classes": [
-        {"name": "interactive", "ttft": 30, "tpot": 5, "e2e": 120, "objective": 0.99},
+        {"name": "interactive", "ttft": 30, "tpot": 5, "e2e": 120, "objective": 0.99, "admission": True},
         {"name": "strict", "ttft": 0.001, "tpot": 0.0001, "e2e": 0.01, "objective": 0.99},
     ],
     "rules": [{"header": "x-slo-class"}],

@@ -216,3 +216,36 @@ def test_endpointslice_discovery_learns_the_cold_start():
         assert src.cold_start_seconds() == 125.0
     finally:
         server.shutdown()
+
+
+def test_shed_requests_are_demand_in_what_the_real_sidecar_exposes():
+    # The sidecar's own metrics: 5 requests served good, 3 refused by the admission guard (shed,
+    # never started). The forecaster must see 8 arrivals (3 of them shed) and 5 good.
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from forecaster.sources.scrape import parse_metrics
+    from sidecar.config import DEFAULT_SLO_CONFIG
+    from sidecar.metrics import SidecarMetrics
+    from sidecar.slo import Verdict
+    from sidecar.timing import RequestTiming
+
+    registry = CollectorRegistry()
+    metrics = SidecarMetrics(registry, DEFAULT_SLO_CONFIG)
+    slo = DEFAULT_SLO_CONFIG.classes["interactive"]
+    served = RequestTiming(ttft=0.1, e2e=0.5, itl=[], tpot=0.05, output_tokens=9, input_tokens=20, finish_reasons=[],
+                           error=None, usage_seen=True, model="m")
+    refused = RequestTiming(ttft=None, e2e=0.001, itl=[], tpot=None, output_tokens=0, input_tokens=None, finish_reasons=[],
+                            error=None, usage_seen=False, model=None)
+    for _ in range(5):
+        metrics.started("m", slo.name)
+        metrics.finished("m", slo, served, Verdict("good"))
+    for _ in range(3):
+        metrics.finished("m", slo, refused, Verdict("shed"), in_flight=False)
+    got = parse_metrics(generate_latest(registry).decode())
+    assert (got["arrivals"], got["good"]) == (8.0, 5.0)
+    # The older fallback (requests by outcome, counted at the end) includes them too.
+    older = parse_metrics("\n".join(line for line in generate_latest(registry).decode().splitlines()
+                                     if "arrived" not in line) + "\n")
+    assert older["arrivals"] == 8.0
+    # A shed request has no latency: nothing was added to the TTFT or E2E histograms for it.
+    assert registry.get_sample_value("goodput_e2e_seconds_count", {"model": "m", "slo_class": "interactive"}) == 5

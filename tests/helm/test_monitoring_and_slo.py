@@ -91,6 +91,15 @@ def test_every_rule_kind_survives_rendering(tmp_path):
     assert config.classify("llama-batch-8b", chat, {}).name == "batch"                    # model glob
     assert config.classify("llama-3.1-8b", "/v1/completions", {}).name == "batch"          # path prefix
     assert config.classify("llama-3.1-8b", chat, {}).name == "interactive"                 # default
+    # The goodput guard's settings reach the sidecar, with the loader's defaults where omitted.
+    guard = {n: (c.admission, c.admission_margin, c.priority) for n, c in config.classes.items()}
+    assert guard == {"interactive": (True, 0.25, 2), "batch": (True, 0.2, 0), "agent": (False, 0.2, 1)}
+
+
+def test_default_values_leave_the_guard_off(tmp_path):
+    config = load_slo_config(_slo_file(None, tmp_path))
+    assert not any(c.admission for c in config.classes.values())
+    assert config.classes["interactive"].priority > config.classes["batch"].priority
 
 
 def test_changed_slo_values_roll_the_serving_pods():

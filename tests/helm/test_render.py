@@ -97,6 +97,9 @@ def test_schema_rejects_bad_values():
         chart.validate_schema({"slo": {"classes": [{"name": "x", "ttft": 1, "tpot": 0.1, "objective": 1.5}]}})
     with pytest.raises(helm_python.HelmValuesError, match="unknown|additional"):
         chart.validate_schema({"servng": {}})
+    for bad in ({"admission": "on"}, {"priority": 0.5}, {"admission_margin": 1}):
+        with pytest.raises(helm_python.HelmValuesError, match=next(iter(bad))):
+            chart.validate_schema({"slo": {"classes": [{"name": "x", "ttft": 1, "tpot": 0.1, **bad}]}})
     chart.validate_schema(values_of("slo-classes-values.yaml"))
 
 
@@ -118,7 +121,7 @@ def test_rendered_prometheus_rule_passes_promtool(tmp_path):
     path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
     proc = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "SUCCESS: 34 rules found" in proc.stdout
+    assert "SUCCESS: 35 rules found" in proc.stdout
 
 
 @pytest.mark.parametrize("values, next_step", [

@@ -40,3 +40,16 @@ def test_goodput_and_attainment_hand_computed():
     # ITL pools every gap: 0.02, 0.02, 0.04, 0.05 → p50 = 0.03.
     assert s.itl["p50"] == pytest.approx(0.03)
     assert s.violations == {"ttft": 1}
+
+
+def test_shed_requests_and_per_class_attainment():
+    from sidecar.loadgen.summary import RequestRecord, summarise
+
+    records = ([RequestRecord(i, i, i, 16, 4, outcome="good", slo_class="high", ttft=0.1, e2e=0.2) for i in range(4)]
+               + [RequestRecord(4, 4, 4, 16, 4, outcome="shed", slo_class="low", e2e=0.001)]
+               + [RequestRecord(5, 5, 5, 16, 4, outcome="slo_violated", slo_class="low", ttft=3, e2e=4)])
+    s = summarise(records, 10.0)
+    # 4 good of 6 sent; of the 5 admitted, 4 good. A shed request is neither completed nor an error.
+    assert (s.shed, s.errors, s.completed, s.attainment, s.admitted_attainment) == (1, 0, 5, 4 / 6, 4 / 5)
+    assert s.by_class == {"high": {"requests": 4, "good": 4, "shed": 0, "attainment": 1.0, "admitted_attainment": 1.0},
+                          "low": {"requests": 2, "good": 0, "shed": 1, "attainment": 0.0, "admitted_attainment": 0.0}}

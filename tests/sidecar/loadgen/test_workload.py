@@ -46,3 +46,15 @@ def test_bad_parameters_are_refused():
         poisson_arrivals(0, 10)
     with pytest.raises(ValueError, match="cv"):
         gamma_arrivals(1.0, 0.0, 10)
+
+
+def test_class_mix_is_seeded_and_follows_the_weights():
+    from sidecar.loadgen.workload import assign_classes, synthetic_workload
+
+    reqs = synthetic_workload(poisson_arrivals(10, 4000, 0), 16, 4)
+    mixed = assign_classes(reqs, {"high": 1, "low": 3}, seed=5)
+    assert mixed == assign_classes(reqs, {"high": 1, "low": 3}, seed=5)     # the same for every endpoint
+    assert [r.arrival for r in mixed] == [r.arrival for r in reqs]
+    share = sum(r.slo_class == "high" for r in mixed) / len(mixed)
+    assert abs(share - 0.25) < 0.03          # binomial sd at n=4000 is 0.007
+    assert assign_classes(reqs, {}, seed=5) is reqs
