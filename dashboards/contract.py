@@ -37,6 +37,8 @@ _SIDECAR = [
     Metric("goodput_e2e_seconds", "histogram", ("model", "slo_class"), "sidecar"),
     Metric("goodput_input_tokens_total", "counter", ("model", "slo_class"), "sidecar"),
     Metric("goodput_output_tokens_total", "counter", ("model", "slo_class"), "sidecar"),
+    Metric("goodput_request_input_tokens", "histogram", ("model",), "sidecar"),
+    Metric("goodput_request_output_tokens", "histogram", ("model",), "sidecar"),
     Metric("goodput_requests_in_flight", "gauge", ("model",), "sidecar"),
     Metric("goodput_slo_target_seconds", "gauge", ("slo_class", "objective"), "sidecar"),
     Metric("goodput_slo_objective_ratio", "gauge", ("slo_class",), "sidecar"),

@@ -52,6 +52,8 @@ class FleetSample:
     queue_count_total: float | None = None
     generation_tokens_total: float | None = None  # goodput_engine_generation_tokens_total (as generated)
     engine_steps_total: float | None = None       # goodput_engine_steps_total (engine iterations)
+    input_token_hist_total: dict | None = None    # goodput_request_input_tokens: {le: cumulative count}
+    output_token_hist_total: dict | None = None
     slos: tuple | None = None                 # the sidecars' SLO classes (service_model.Slo)
 
 
@@ -182,6 +184,8 @@ class ForecastPolicy:
         self._prev_sample: FleetSample | None = None
         self._capacity_cache: tuple | None = None
         self.last_observation: StepObservation | None = None
+        # Good requests per ready replica in steps where the SLO held: capacity is at least that.
+        self._demonstrated: deque[float] = deque(maxlen=max(2, int(3600 / step)))
 
     # -- inputs ---------------------------------------------------------------------------
     def observe(self, sample: FleetSample) -> None:
@@ -207,18 +211,36 @@ class ForecastPolicy:
                 self.last_observation = obs
                 self.service.observe(obs)
                 self._capacity_cache = None
+                good = _delta(prev.good_total, sample.good_total)
+                target = max((x.ratio for x in self.slos), default=0.99)
+                if good is not None and obs.ended > 0 and good >= target * obs.ended:
+                    self._demonstrated.append(good / obs.dt / obs.replicas)
+                else:
+                    self._demonstrated.append(0.0)
 
     def _slo_capacity(self) -> float | None:
         """Requests/s one replica serves while every SLO class meets its objectives, for the
-        current token mix, from the learned service model (None while it is not known)."""
+        current token mix, from the learned service model (None while it is not known); never
+        less than what replicas were seen to serve while the SLO held (a model fitted on a few
+        minutes can be far off; the fleet's own record is a floor)."""
         if not self.slos:
             return None
         if self._capacity_cache is None:
             model, mix = self.service.model(), self.service.mix()
             if model is None or mix is None:
                 return None
-            self._capacity_cache = (model, mix, model.slo_capacity_rps(mix, self.slos))
+            self._capacity_cache = (model, mix, max(model.slo_capacity_rps(mix, self.slos), self.demonstrated_rps))
         return self._capacity_cache[2]
+
+    @property
+    def demonstrated_rps(self) -> float:
+        """The highest rate one replica served with the SLO holding, as a mean over the drain time
+        (so a lucky step does not count), over the last hour."""
+        vals = np.asarray(self._demonstrated)
+        w = max(1, math.ceil(self.config.drain_seconds / self.config.step_seconds))
+        if len(vals) < w:
+            return 0.0
+        return float(np.convolve(vals, np.ones(w) / w, mode="valid").max())
 
     @property
     def capacity_source(self) -> str:
@@ -395,6 +417,21 @@ def _delta(prev, cur) -> float | None:
     return cur - prev
 
 
+def _hist_delta(prev: dict | None, cur: dict | None) -> dict | None:
+    """Requests per bucket in the step, from two cumulative histograms ({le: count}); None on a reset."""
+    if not prev or not cur:
+        return None
+    cum = {le: cur[le] - prev.get(le, 0.0) for le in cur}
+    if any(v < 0 for v in cum.values()):
+        return None
+    edges = sorted(cum)
+    out, below = {}, 0.0
+    for le in edges:
+        out[le] = max(0.0, cum[le] - below)
+        below = cum[le]
+    return out
+
+
 def _mean_gauge(a: float, b: float) -> float:
     vals = [v for v in (a, b) if math.isfinite(v)]
     return sum(vals) / len(vals) if vals else 0.0
@@ -426,6 +463,8 @@ def _step_observation(prev: FleetSample, cur: FleetSample, arrival_rps: float | 
         prefill_count=_delta(prev.prefill_count_total, cur.prefill_count_total),
         queue_sum=_delta(prev.queue_sum_total, cur.queue_sum_total),
         queue_count=_delta(prev.queue_count_total, cur.queue_count_total),
+        input_hist=_hist_delta(prev.input_token_hist_total, cur.input_token_hist_total),
+        output_hist=_hist_delta(prev.output_token_hist_total, cur.output_token_hist_total),
         generated_tokens=_delta(prev.generation_tokens_total, cur.generation_tokens_total),
         engine_steps=_delta(prev.engine_steps_total, cur.engine_steps_total))
 

@@ -33,7 +33,12 @@ import numpy as np
 from forecaster.service_model import ServiceModel, TokenMix
 
 _Z90 = 1.645
-_UNCHUNKED = 1 << 30   # a token budget no prompt reaches: prefill counted whole, chunk overhead folded in
+_PREFILL_QUANTILE = 0.5   # the weighted median of per-step prefill estimates (robust to queueing transients)
+# The token budget a step assumed in predictions when the engine's is not known: vLLM's
+# max_num_batched_tokens for latency-minded serving (its V1 default is 8192 on large GPUs, 2048
+# elsewhere; the bundled engine's is 512). It bounds how much prompt work one decode step carries,
+# so how far a long prompt can stretch other requests' TPOT.
+_DEFAULT_BUDGET = 2048
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,8 @@ class StepObservation:
     kv_usage: float = math.nan    # mean over replicas
     prefill_sum: float | None = None    # engine-reported prefill seconds (whole fleet)
     prefill_count: float | None = None
+    input_hist: dict | None = None      # per-request prompt tokens: {bucket upper bound: requests} in the step
+    output_hist: dict | None = None
     queue_sum: float | None = None      # engine-reported queue seconds (whole fleet)
     queue_count: float | None = None
     generated_tokens: float | None = None   # tokens the engines generated in the step (counted as
@@ -147,7 +154,7 @@ class RobustLine:
 
 class OnlineServiceModel:
     def __init__(self, prior: ServiceModel | None = None, half_life_steps: float = 120.0,
-                 min_steps: int = 3, step_token_budget: int | None = None, max_batch: int = 256,
+                 min_steps: int = 8, step_token_budget: int | None = None, max_batch: int = 256,
                  prior_weight: float = 2.0, max_points: int = 720):
         self.prior = prior
         self.forget = 0.5 ** (1.0 / max(1.0, half_life_steps))
@@ -164,10 +171,15 @@ class OnlineServiceModel:
         self._seeded = False
         # Prefill (seconds a prompt token occupies the prefill queue), the fixed TTFT overhead and
         # KV capacity: exponentially weighted mean and variance (of logs, for the first and last).
-        self._pf = [0.0, 0.0, 0.0]   # sum w, sum w·log k, sum w·log² k
+        # Per-token prefill time estimates (log k, weight, step). Queueing only ever adds to an
+        # estimate (prompts waiting behind others' chunks count as prefill time), in bursts, so
+        # the estimate is the weighted median of the recent ones, not their mean.
+        self._pf: deque = deque(maxlen=max_points)
+        self._pf_prior: tuple[float, float] | None = None   # (log k, weight)
         self._overhead = [0.0, 0.0, 0.0]
         self._kv = [0.0, 0.0, 0.0]
         self._mix = [0.0, 0.0, 0.0]  # sum w (requests), prompt tokens, output tokens
+        self._hist = ({}, {})         # decayed per-request token histograms (prompt, output), where exported
         self.num_steps = 0
         if prior is not None:
             self._seed(prior)
@@ -177,7 +189,7 @@ class OnlineServiceModel:
         w = self.prior_weight
         self._decode.set_prior((1.0, 4.0), m.decode_base_s, m.decode_per_seq_s, w)
         self._decode_tpot.set_prior((1.0, 4.0), m.decode_base_s, m.decode_per_seq_s, w)
-        self._add_log(self._pf, 1.0 / m.prefill_tokens_per_s + m.step_s(1.0) / m.step_token_budget, w)
+        self._pf_prior = (math.log(1.0 / m.prefill_tokens_per_s + m.step_s(1.0) / m.step_token_budget), w)
         if math.isfinite(m.kv_capacity_tokens) and m.kv_capacity_tokens < 1e15:
             self._add_log(self._kv, m.kv_capacity_tokens, w)
         self._seeded = True
@@ -203,15 +215,21 @@ class OnlineServiceModel:
 
     def _decay(self) -> None:
         f = self.forget
-        for acc in (self._pf, self._overhead, self._kv, self._mix):
+        for acc in (self._overhead, self._kv, self._mix):
             for i in range(3):
                 acc[i] *= f
+        for hist in self._hist:
+            for k in hist:
+                hist[k] *= f
 
     def observe(self, o: StepObservation) -> None:
         if o.replicas <= 0 or o.dt <= 0 or not (o.ended > 0):
             return
         self._decay()
         r = float(o.replicas)
+        for hist, step_hist in zip(self._hist, (o.input_hist, o.output_hist)):
+            for bound, count in (step_hist or {}).items():
+                hist[bound] = hist.get(bound, 0.0) + count
         if o.input_tokens >= 0 and o.output_tokens > 0:
             self._mix[0] += o.ended
             self._mix[1] += o.input_tokens
@@ -229,9 +247,7 @@ class OnlineServiceModel:
                           and min(o.running_start, o.running) >= 2 * r)
         if not iterations and o.tpot_count and o.tpot_sum is not None and o.tpot_count > 0:
             tpot = o.tpot_sum / o.tpot_count
-            pf_rate = self.prefill_rate()
-            rho_p = min(0.9, lam_r * p_mean / pf_rate) if pf_rate else 0.0
-            y = tpot * (1.0 - rho_p)
+            y = tpot - self._interference(lam_r, tpot)
             if y > 0 and math.isfinite(y):
                 self._add_decode(max(batch, 1.0), y, float(o.tpot_count), self._decode_tpot)
         # The engines' own counters say the step time at the batch this very step ran: iterations
@@ -270,12 +286,28 @@ class OnlineServiceModel:
         if k is not None and k > 0:
             # Down-weight steps with a queue: those are transients more than steady state.
             w = float(o.ttft_count or o.prefill_count or 1.0) / (1.0 + max(0.0, o.waiting) / r)
-            self._add_log(self._pf, k, w)
+            self._pf.append((math.log(k), w, self.num_steps))
         if math.isfinite(o.kv_usage) and o.kv_usage >= 0.05 and batch > 0:
             self._add_log(self._kv, batch * (p_mean + o_mean / 2.0) / o.kv_usage, 1.0)
         self.num_steps += 1
 
     # -- estimates ------------------------------------------------------------------------
+    def _interference(self, lam: float, tpot: float) -> float:
+        """The part of a request's TPOT that prompt chunks took at this load, as the current model
+        predicts it (requests decoding through a prefill busy period see more chunks than the time
+        average, so 1 − ρ alone under-corrects); until a model exists, the time average."""
+        model, mix = self.model(), self.mix()
+        if model is None or mix is None:
+            pf = self.prefill_rate()
+            p_mean, _ = self.mix_means()
+            return tpot * min(0.9, lam * p_mean / pf) if pf else 0.0
+        pred = model.predict(lam, mix)
+        if not pred.stable:
+            return 0.7 * tpot
+        multi = pred.output_tokens > 1
+        extra = float(np.mean(pred.tpot_s[multi])) - pred.step_s if multi.any() else 0.0
+        return min(max(0.0, extra), 0.7 * tpot)
+
     @staticmethod
     def _add_lin(acc: list, value: float, w: float) -> None:
         acc[0] += w
@@ -322,8 +354,20 @@ class OnlineServiceModel:
 
     def _per_token_k(self) -> tuple[float | None, float]:
         """(k, sd of log k): seconds a prompt token occupies the prefill queue."""
-        m, sd = self._log_mean(self._pf)
-        return (math.exp(m), sd) if m is not None else (None, 0.0)
+        pts = list(self._pf)
+        if self._pf_prior is not None:
+            pts.append((self._pf_prior[0], self._pf_prior[1], self.num_steps))
+        if not pts:
+            return None, 0.0
+        arr = np.array(pts)
+        w = arr[:, 1] * self.forget ** (self.num_steps - arr[:, 2])
+        order = np.argsort(arr[:, 0])
+        cum = np.cumsum(w[order]) / w.sum()
+        def q(p):
+            return float(arr[order, 0][min(len(cum) - 1, int(np.searchsorted(cum, p)))])
+        low, mid = q(_PREFILL_QUANTILE), q(0.5)
+        spread = q(0.84) - mid
+        return math.exp(low), max(0.0, spread)
 
     def _per_chunk_s(self) -> float:
         a, c = self._decode_coeffs()
@@ -359,14 +403,20 @@ class OnlineServiceModel:
         kv_m, _ = self._log_mean(self._kv)
         kv = math.exp(kv_m) if kv_m is not None else (self.prior.kv_capacity_tokens if self.prior else 1e12)
         return ServiceModel(prefill_tokens_per_s=pf, decode_base_s=a, decode_per_seq_s=c, kv_capacity_tokens=kv,
-                            max_batch=self.max_batch, step_token_budget=self.step_token_budget or _UNCHUNKED,
+                            max_batch=self.max_batch, step_token_budget=self.step_token_budget or _DEFAULT_BUDGET,
                             ttft_overhead_s=self.ttft_overhead_s(),
                             name="learned", source=f"learned online over {self.num_steps} steps")
 
     def mix(self) -> TokenMix | None:
+        """The recent token mix: from the sidecars' per-request token histograms where they export
+        them (the shape matters: how long the long prompts are sets the TTFT tail), else
+        exponential lengths around the counters' means."""
         p, o = self.mix_means()
         if p <= 0:
             return None
+        prompt_hist, output_hist = self._hist
+        if sum(prompt_hist.values()) >= 20 and sum(output_hist.values()) >= 20:
+            return TokenMix.from_histograms(prompt_hist, output_hist, p, o)
         return TokenMix.from_means(p, o)
 
     def params(self) -> FittedParams | None:

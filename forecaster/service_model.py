@@ -43,6 +43,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 _SAMPLES = 4000
+# The sidecar's per-request token histogram buckets (goodput_request_input_tokens): 1 to 128k.
+TOKEN_BUCKETS = tuple(float(2 ** k) for k in range(18)) + (math.inf,)
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,17 @@ class TokenMix:
         output = np.maximum(1.0, np.round(-output_mean * np.log1p(-rng.permutation(u))))
         return cls(prompt, output)
 
+    @classmethod
+    def from_histograms(cls, prompt_hist: dict, output_hist: dict, prompt_mean: float | None = None,
+                        output_mean: float | None = None, n: int = _SAMPLES, seed: int = 7) -> "TokenMix":
+        """From per-request token histograms ({upper bound: count in that bucket}, as the sidecars
+        export them): samples spread geometrically inside each bucket, rescaled to the observed
+        means where given. Prompt and output lengths are drawn independently."""
+        rng = np.random.default_rng(seed)
+        prompt = _from_buckets(prompt_hist, n, prompt_mean)
+        output = np.maximum(1.0, rng.permutation(_from_buckets(output_hist, n, output_mean)))
+        return cls(np.maximum(1.0, prompt), output)
+
     @property
     def prompt_mean(self) -> float:
         return float(np.mean(self.prompt_tokens))
@@ -104,6 +117,28 @@ class TokenMix:
 
     def scaled(self, prompt: float = 1.0, output: float = 1.0) -> "TokenMix":
         return TokenMix(np.maximum(1.0, self.prompt_tokens * prompt), np.maximum(1.0, self.output_tokens * output))
+
+
+def _from_buckets(hist: dict, n: int, mean: float | None) -> np.ndarray:
+    bounds = sorted(b for b, c in hist.items() if c > 0)
+    if not bounds:
+        raise ValueError("a token histogram needs at least one non-empty bucket")
+    edges = sorted(hist)
+    total = float(sum(hist[b] for b in bounds))
+    out = []
+    for b in bounds:
+        i = edges.index(b)
+        lo = edges[i - 1] if i > 0 else max(1.0, b / 2.0)
+        hi = b if math.isfinite(b) else lo * 2.0
+        k = max(1, int(round(n * hist[b] / total)))
+        u = (np.arange(k) + 0.5) / k
+        out.append(np.exp(np.log(max(lo, 1.0)) + u * (np.log(hi) - np.log(max(lo, 1.0)))))
+    values = np.concatenate(out)[:n]
+    if len(values) < n:
+        values = np.concatenate([values, values[: n - len(values)]])
+    if mean is not None and mean > 0:
+        values = values * (mean / float(np.mean(values)))
+    return np.round(values)
 
 
 @dataclass(frozen=True)
@@ -221,13 +256,19 @@ class ServiceModel:
 
     def slo_capacity_rps(self, mix: TokenMix, slos: list[Slo] | tuple[Slo, ...], hi: float | None = None) -> float:
         """The highest per-replica arrival rate at which every class meets its objectives for
-        `ratio` of its requests (all classes share the replica's load). Bisection over the rate."""
+        `ratio` of the requests an idle replica would serve in time (all classes share the
+        replica's load). Bisection over the rate."""
         if not slos:
             raise ValueError("slo_capacity_rps needs at least one SLO class")
+        # Requests that miss even on an idle replica (a prompt too long to prefill within the TTFT
+        # objective) are no capacity problem: no number of replicas serves them in time, so the
+        # objective ratio applies to the share an idle replica would serve.
+        idle = self.predict(1e-9, mix)
+        feasible = {s.name: idle.good_share(s) for s in slos}
 
         def meets(rate: float) -> bool:
             pred = self.predict(rate, mix)
-            return pred.stable and all(pred.good_share(s) >= s.ratio for s in slos)
+            return pred.stable and all(pred.good_share(s) >= s.ratio * feasible[s.name] - 1e-12 for s in slos)
 
         # Upper end: the fluid saturation rate, where prompt time plus per-sequence decode time
         # fill the replica (the denominator of predict()'s batch reaches 0).

@@ -24,6 +24,9 @@ TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1
 # ITL buckets starting at 10 ms put all of them into one bucket.
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
                  0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
+# Tokens per request: the shape of the mix (how long the long prompts are), which the forecaster's
+# service model needs beyond the counters' means. Powers of two, 1 to 128k.
+TOKEN_COUNT_BUCKETS = tuple(float(2 ** k) for k in range(18))
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0,
                90.0, 120.0, 180.0, 300.0, 600.0)
 
@@ -119,6 +122,11 @@ class SidecarMetrics:
         self.input_tokens = Counter("goodput_input_tokens", "Prompt tokens, from the upstream's usage.", mc, registry=registry)
         self.output_tokens = Counter("goodput_output_tokens", "Generated tokens, from usage when sent, else counted from the stream.",
                                      mc, registry=registry)
+        self.request_input_tokens = GapHistogram(
+            "goodput_request_input_tokens", "Prompt tokens per request (usage), the mix the forecaster plans for.",
+            "model", TOKEN_COUNT_BUCKETS, registry)
+        self.request_output_tokens = GapHistogram(
+            "goodput_request_output_tokens", "Generated tokens per request.", "model", TOKEN_COUNT_BUCKETS, registry)
         self.in_flight = Gauge("goodput_requests_in_flight", "Measured requests being served now.", ("model",), registry=registry)
         self.slo_target = Gauge("goodput_slo_target_seconds", "The configured objective per SLO class.", ("slo_class", "objective"),
                                 registry=registry)
@@ -191,8 +199,10 @@ class SidecarMetrics:
             self.itl.observe_many(model, timing.itl)
         if timing.input_tokens:
             input_tokens.inc(timing.input_tokens)
+            self.request_input_tokens.observe_many(model, [timing.input_tokens])
         if timing.output_tokens:
             output_tokens.inc(timing.output_tokens)
+            self.request_output_tokens.observe_many(model, [timing.output_tokens])
 
 
 def zero_series(metrics: SidecarMetrics, models: tuple[str, ...], slo_config: SloConfig) -> None:

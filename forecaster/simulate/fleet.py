@@ -18,11 +18,13 @@ new). A request whose prompt + output can never fit in one replica's KV cache is
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from forecaster.service_model import TOKEN_BUCKETS
 from forecaster.simulate.profiles import ServiceProfile
 from forecaster.simulate.traces import RequestTrace
 
@@ -73,6 +75,8 @@ class FleetView:
     queue_sum: float = 0.0            # engine queue and prefill time of requests past their first token
     prefill_sum: float = 0.0
     prefill_count: float = 0.0
+    input_token_hist: dict | None = None    # {le: cumulative finished requests}, as the sidecars export
+    output_token_hist: dict | None = None
 
     @property
     def in_flight(self) -> float:
@@ -81,6 +85,14 @@ class FleetView:
     @property
     def spec_replicas(self) -> int:
         return self.ready + self.starting
+
+
+def _cumulative(counts: list[int]) -> dict:
+    out, total = {}, 0
+    for bound, c in zip(TOKEN_BUCKETS, counts):
+        total += c
+        out[bound] = float(total)
+    return out
 
 
 class RequestFleet:
@@ -126,6 +138,9 @@ class RequestFleet:
         self._prefill_sum = 0.0    # first chunk scheduled -> first token (request_prefill_time)
         self._prefill_count = 0
         self._steps_total = 0.0
+        # What the sidecars' per-request token histograms would hold (bucket counts, not cumulative).
+        self._in_hist = [0] * len(TOKEN_BUCKETS)
+        self._out_hist = [0] * len(TOKEN_BUCKETS)
         self._tpot_sum = 0.0
         self._tpot_count = 0
         for _ in range(initial_replicas):
@@ -274,6 +289,8 @@ class RequestFleet:
                 tpot = (self._t_done[i] - self._t_first[i]) / (out[i] - 1) if out[i] > 1 else 0.0
                 good = ttft <= slo.ttft_s and tpot <= slo.tpot_s
                 self._ttft_sum += ttft
+                self._in_hist[bisect_left(TOKEN_BUCKETS, prompt[i])] += 1
+                self._out_hist[bisect_left(TOKEN_BUCKETS, out[i])] += 1
                 if out[i] > 1:
                     self._tpot_sum += tpot
                     self._tpot_count += 1
@@ -340,6 +357,7 @@ class RequestFleet:
             ttft_sum=self._ttft_sum, tpot_sum=self._tpot_sum, tpot_count=float(self._tpot_count),
             engine_steps_total=self._steps_total, queue_sum=self._queue_sum, prefill_sum=self._prefill_sum,
             prefill_count=float(self._prefill_count),
+            input_token_hist=_cumulative(self._in_hist), output_token_hist=_cumulative(self._out_hist),
         )
 
     @property

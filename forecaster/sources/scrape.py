@@ -105,12 +105,37 @@ def parse_metrics(text: str) -> dict[str, float]:
                     out[key + "_n"] = out.get(key + "_n", 0.0) + 1
     if arrived is not None:
         out["arrivals"] = arrived
+    out.update(_token_buckets(text))
     return out
+
+
+TOKEN_HISTOGRAMS = {"goodput_request_input_tokens": "inhist", "goodput_request_output_tokens": "outhist"}
+
+
+def _token_buckets(text: str) -> dict[str, float]:
+    """Per-request token histograms as counters, one key per bucket ("inhist:<le>": cumulative
+    requests with at most le prompt tokens), summed over models."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        prefix = TOKEN_HISTOGRAMS.get(family.name)
+        if prefix is None:
+            continue
+        for s in family.samples:
+            if s.name.endswith("_bucket") and math.isfinite(s.value):
+                key = f"{prefix}:{float(s.labels['le'])!r}"
+                out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+def _hist(totals: dict[str, float], prefix: str) -> dict | None:
+    found = {float(k.split(":", 1)[1]): v for k, v in totals.items() if k.startswith(prefix + ":")}
+    return found or None
 
 
 @dataclass
 class _Target:
     counters: dict[str, CounterRate] = field(default_factory=lambda: {k: CounterRate() for k in COUNTERS})
+    buckets: dict[str, CounterRate] = field(default_factory=dict)   # token-histogram buckets
 
 
 class ScrapeSource:
@@ -161,6 +186,11 @@ class ScrapeSource:
                     got = state.counters[key].update(now, metrics[key])
                     if got is not None:
                         self._totals[key] += got[0]
+            for key, value in metrics.items():
+                if key.startswith(("inhist:", "outhist:")):
+                    got = state.buckets.setdefault(key, CounterRate()).update(now, value)
+                    if got is not None:
+                        self._totals[key] = self._totals.get(key, 0.0) + got[0]
             for key in ("in_flight", "queue_waiting", "running"):
                 gauges[key] += metrics.get(key, 0.0)
             if "kv_cache_usage" in metrics:
@@ -182,6 +212,8 @@ class ScrapeSource:
                            queue_sum_total=self._totals["queue_sum"] if self._totals["queue_count"] else None,
                            queue_count_total=self._totals["queue_count"] if self._totals["queue_count"] else None,
                            generation_tokens_total=self._totals["generation_tokens"] or None,
+                           input_token_hist_total=_hist(self._totals, "inhist"),
+                           output_token_hist_total=_hist(self._totals, "outhist"),
                            engine_steps_total=self._totals["engine_steps"] or None,
                            slos=self.slos or None)
 

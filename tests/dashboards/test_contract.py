@@ -40,14 +40,14 @@ def test_sidecar_exposes_every_contract_metric_with_its_type(start_server, port)
 
 
 def test_contract_lists_every_design_metric_once():
-    # DESIGN.md's tables (19 sidecar, 6 forecaster), plus the slo-capacity issue's (arrived, engine
-    # generation and steps; 13 forecaster: latency forecasts, the service model, cold start, live scores), the
+    # DESIGN.md's tables (19 sidecar, 6 forecaster), plus the slo-capacity issue's (arrived, tokens per request,
+    # engine generation and steps; 13 forecaster: latency forecasts, the service model, cold start, live scores), the
     # ttft-advice issue's 12 sidecar metrics (5 engine series, 7 goodput_prompt_*), the reliability
     # issue's goodput_malformed_requests_total and goodput_forecaster_source_errors_total, and the
     # admission guard's goodput_admission_predicted_ttft_seconds and goodput_admission_ttft_error_seconds.
-    assert len(contract.by_source("sidecar")) == 37
+    assert len(contract.by_source("sidecar")) == 39
     assert len(contract.by_source("forecaster")) == 20
-    assert len(contract.METRICS) == 57
+    assert len(contract.METRICS) == 59
 
 
 def test_contract_outcomes_are_the_sidecars():

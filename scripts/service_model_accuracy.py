@@ -1,0 +1,139 @@
+"""Service-model accuracy on the bundled engine: the model the forecaster learns online, against
+what a `goodput sweep` measures at five offered loads.
+
+Starts the engine, the sidecar (SLO TTFT 3 s / TPOT 0.5 s) and the forecaster (scraping the
+sidecar, nothing configured but what the sidecar announces), runs the sweep through the sidecar,
+then reads the forecaster's learned parameters (goodput_replica_*) and predicts TTFT and TPOT
+p50/p99 at each swept rate with them: once with the sweep's actual token mix, once with the mix
+the forecaster assumes from the counters alone (exponential lengths around the observed means).
+
+    python scripts/service_model_accuracy.py --model smollm2 --rates 0.5,1,1.5,2,2.5 --duration 60
+Writes docs/service_model/<model>_accuracy.{json,md}; prints the table and the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+
+from forecaster.service_model import ServiceModel, TokenMix  # noqa: E402
+from goodput_cli.procs import ServerProcess, goodput_command  # noqa: E402
+from tests.support import free_port  # noqa: E402
+
+
+def _gauges(text: str, name: str) -> dict[str, float]:
+    out = {}
+    for labels, value in re.findall(rf"^{name}(?:{{([^}}]*)}})? (\S+)$", text, flags=re.M):
+        out[labels or ""] = float(value)
+    return out
+
+
+def _param(text: str, name: str, labels: str = 'bound="mean"') -> float:
+    return _gauges(text, name)[labels]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--rates", default="0.5,1,1.5,2,2.5")
+    p.add_argument("--duration", type=float, default=60.0)
+    p.add_argument("--input-tokens", type=int, default=128)
+    p.add_argument("--output-tokens", type=int, default=32)
+    p.add_argument("--out", default="docs/service_model")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="svc-accuracy-"))
+    slo = work / "slo.yaml"
+    slo.write_text("classes:\n  - {name: default, ttft: 3, tpot: 0.5, objective: 0.99}\n")
+    engine, sidecar, forecaster = free_port(), free_port(), free_port()
+    procs = []
+    try:
+        procs.append(ServerProcess(goodput_command("engine", "serve", "--model", args.model, "--port", str(engine)),
+                                   f"http://127.0.0.1:{engine}/health", timeout=600, name="engine"))
+        procs.append(ServerProcess(goodput_command("sidecar", "run", "--upstream", f"http://127.0.0.1:{engine}",
+                                                   "--port", str(sidecar), "--slo-config", str(slo),
+                                                   "--engine-metrics-interval", "1"),
+                                   f"http://127.0.0.1:{sidecar}/healthz", timeout=60, name="sidecar"))
+        procs.append(ServerProcess(goodput_command("forecaster", "run", "--targets", f"127.0.0.1:{sidecar}",
+                                                   "--host", "127.0.0.1", "--metrics-port", str(forecaster),
+                                                   "--api-port", "0", "--step", "5", "--horizon", "30"),
+                                   f"http://127.0.0.1:{forecaster}/metrics", timeout=60, name="forecaster"))
+        sweep_dir = work / "sweep"
+        cmd = goodput_command("sweep", "--url", f"http://127.0.0.1:{sidecar}", "--rates", args.rates,
+                              "--duration", str(args.duration), "--input-tokens", str(args.input_tokens),
+                              "--output-tokens", str(args.output_tokens), "--slo-ttft", "3", "--slo-tpot", "0.5",
+                              "--out", str(sweep_dir), "--quiet", "--seed", "0")
+        subprocess.run(cmd, check=True, env={**os.environ})
+        text = urllib.request.urlopen(f"http://127.0.0.1:{forecaster}/metrics", timeout=10).read().decode()
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+    sweep = json.loads((sweep_dir / "sweep.json").read_text())
+    model = ServiceModel(
+        prefill_tokens_per_s=_param(text, "goodput_replica_prefill_tokens_per_second"),
+        decode_base_s=_param(text, "goodput_replica_decode_step_seconds")
+        - _param(text, "goodput_replica_decode_step_per_sequence_seconds"),
+        decode_per_seq_s=_param(text, "goodput_replica_decode_step_per_sequence_seconds"),
+        kv_capacity_tokens=_param(text, "goodput_replica_kv_capacity_tokens"), max_batch=64,
+        step_token_budget=1 << 30, ttft_overhead_s=_param(text, "goodput_replica_ttft_overhead_seconds"),
+        name="learned")
+    mix_means = _gauges(text, "goodput_replica_tokens_per_request")
+    p_mean, o_mean = mix_means['kind="prompt"'], mix_means['kind="output"']
+    mixes = {"sweep mix": TokenMix(np.full(4000, float(args.input_tokens)), np.full(4000, float(args.output_tokens))),
+             "assumed mix": TokenMix.from_means(p_mean, o_mean)}
+    rows, errors = [], {name: [] for name in mixes}
+    for point in sweep["points"]:
+        rate = point["rate"]
+        measured = {"ttft p50": point["ttft"]["p50"], "ttft p99": point["ttft"]["p99"],
+                    "tpot p50": point["tpot"]["p50"], "tpot p99": point["tpot"]["p99"]}
+        row = {"rate": rate, "attainment": point["attainment"], "measured": measured, "predicted": {}}
+        for name, mix in mixes.items():
+            pred = model.predict(rate, mix)
+            got = {"ttft p50": pred.ttft_quantile(0.5), "ttft p99": pred.ttft_quantile(0.99),
+                   "tpot p50": pred.tpot_quantile(0.5), "tpot p99": pred.tpot_quantile(0.99)}
+            row["predicted"][name] = got
+            for k, v in got.items():
+                m = measured[k]
+                if m:
+                    errors[name].append(abs(v - m) / m)
+        rows.append(row)
+    load = os.getloadavg()
+    doc = {"model": args.model, "learned": model.to_dict(), "mix_means": [p_mean, o_mean], "rows": rows,
+           "max_error": {k: max(v) if v else None for k, v in errors.items()},
+           "load_average": load}
+    (out / f"{args.model}_accuracy.json").write_text(json.dumps(doc, indent=2, default=float) + "\n")
+    lines = [f"learned: prefill {model.prefill_tokens_per_s:.0f} tok/s, step {1000 * model.step_s(1):.1f} ms + "
+             f"{1000 * model.decode_per_seq_s:.2f} ms/seq, TTFT overhead {1000 * model.ttft_overhead_s:.0f} ms; "
+             f"mix {p_mean:.0f}/{o_mean:.0f} tokens",
+             "",
+             "| rate req/s | attainment | TTFT p50 meas / pred | TTFT p99 meas / pred | TPOT p50 meas / pred | "
+             "TPOT p99 meas / pred |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        cells = []
+        for k in ("ttft p50", "ttft p99", "tpot p50", "tpot p99"):
+            m = r["measured"][k]
+            preds = " / ".join(f"{r['predicted'][n][k]:.3f}" for n in mixes)
+            cells.append(f"{m:.3f} / {preds}" if m is not None else "-")
+        lines.append(f"| {r['rate']:g} | {100 * r['attainment']:.1f} % | " + " | ".join(cells) + " |")
+    lines += ["", "predicted = with the sweep's mix / with the mix assumed from the counters (exponential lengths)",
+              "max relative error: " + ", ".join(f"{k} {100 * v:.0f} %" for k, v in doc["max_error"].items() if v is not None),
+              f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"]
+    (out / f"{args.model}_accuracy.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
