@@ -102,6 +102,17 @@ def build():
         ], "short", min=0, description="Mean prompt and output tokens per request in the recent mix; what every TTFT "
                                        "holds beyond queue and prefill; where the capacity figure comes from; "
                                        "the cold start the forecaster plans with (learned from EndpointSlices)."),
+        series("Tokens per request (the mix)", [
+            Query(f"histogram_quantile(0.5, sum by (le) (rate({m('goodput_request_input_tokens_bucket')}{{{MODEL}}}[{RATE}])))",
+                  "prompt p50"),
+            Query(f"histogram_quantile(0.99, sum by (le) (rate({m('goodput_request_input_tokens_bucket')}{{{MODEL}}}[{RATE}])))",
+                  "prompt p99"),
+            Query(f"histogram_quantile(0.5, sum by (le) (rate({m('goodput_request_output_tokens_bucket')}{{{MODEL}}}[{RATE}])))",
+                  "output p50"),
+            Query(f"histogram_quantile(0.99, sum by (le) (rate({m('goodput_request_output_tokens_bucket')}{{{MODEL}}}[{RATE}])))",
+                  "output p99"),
+        ], "short", min=0, description="The shape of the token mix the service model plans for: how long the long "
+                                       "prompts are sets the TTFT tail (buckets are powers of two)."),
         series("Engine iterations and generation", [
             Query(f"sum(rate({m('goodput_engine_steps_total')}{{{MODEL}}}[{RATE}]))", "iterations/s"),
             Query(f"sum(rate({m('goodput_engine_generation_tokens_total')}{{{MODEL}}}[{RATE}]))", "generated tokens/s"),

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy.signal import lfilter, lfilter_zi
+from scipy.signal import lfilter
+
+from forecaster.level import _holt  # the same Holt filters as the level model
 
 EWMA_ALPHAS = (0.03, 0.07, 0.15, 0.3, 0.6)
 MEDIAN_WINDOWS = (10, 40)
@@ -32,17 +34,6 @@ REFERENCE = "ewma0.15"   # "the smoothed level": a trend that cannot beat it is 
 NAMES = (("naive",) + tuple(f"ewma{a:g}" for a in EWMA_ALPHAS) + tuple(f"median{w}" for w in MEDIAN_WINDOWS)
          + tuple(f"trend{a:g}-{b:g}" for a, b in TRENDS))
 IS_TREND = np.array([n.startswith("trend") for n in NAMES])
-
-
-def _holt(d: np.ndarray, alpha: float, beta: float) -> tuple[np.ndarray, np.ndarray]:
-    """Holt's level and trend as linear filters of d (an LTI system, so lfilter runs it in C),
-    started in steady state on d[0] (level d[0], trend 0). See forecaster/level.py for the algebra."""
-    a = [1.0, -(2.0 - alpha - alpha * beta), 1.0 - alpha]
-    bl = [alpha, -alpha * (1.0 - beta)]
-    bb = [alpha * beta, -alpha * beta]
-    level = lfilter(bl, a, d, zi=lfilter_zi(bl, a) * d[0])[0]
-    trend = lfilter(bb, a, d, zi=lfilter_zi(bb, a) * d[0])[0]
-    return level, trend
 
 
 @dataclass
