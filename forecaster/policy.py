@@ -181,7 +181,6 @@ class ForecastPolicy:
         self.slos: tuple = tuple(config.slos or ())
         self._recommendations: deque[tuple[float, int]] = deque()
         self._prev_in_flight: tuple[float, float] | None = None
-        self._prev_sample: FleetSample | None = None
         self._capacity_cache: tuple | None = None
         self.last_observation: StepObservation | None = None
         # Good requests per ready replica in steps where the SLO held: capacity is at least that.

@@ -33,7 +33,6 @@ import numpy as np
 from forecaster.service_model import ServiceModel, TokenMix
 
 _Z90 = 1.645
-_PREFILL_QUANTILE = 0.5   # the weighted median of per-step prefill estimates (robust to queueing transients)
 # The token budget a step assumed in predictions when the engine's is not known: vLLM's
 # max_num_batched_tokens for latency-minded serving (its V1 default is 8192 on large GPUs, 2048
 # elsewhere; the bundled engine's is 512). It bounds how much prompt work one decode step carries,
@@ -365,16 +364,14 @@ class OnlineServiceModel:
         cum = np.cumsum(w[order]) / w.sum()
         def q(p):
             return float(arr[order, 0][min(len(cum) - 1, int(np.searchsorted(cum, p)))])
-        low, mid = q(_PREFILL_QUANTILE), q(0.5)
-        spread = q(0.84) - mid
-        return math.exp(low), max(0.0, spread)
+        median = q(0.5)
+        return math.exp(median), max(0.0, q(0.84) - median)
 
     def _per_chunk_s(self) -> float:
         a, c = self._decode_coeffs()
         if a is None or not self.step_token_budget:
             return 0.0
-        batch = 1.0
-        return (a + c * batch) / self.step_token_budget
+        return (a + c) / self.step_token_budget   # a step at batch 1
 
     def _rate_from_k(self, k: float) -> float:
         # Net of the decode part of the chunks' steps (pro rata, as service_model.predict counts

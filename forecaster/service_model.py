@@ -290,13 +290,5 @@ class ServiceModel:
                 break
         return lo
 
-    def replicas_needed(self, rate_rps: float, mix: TokenMix, slos, min_replicas: int = 1,
-                        max_replicas: int = 1000) -> int:
-        """The fewest replicas at which, sharing `rate_rps` evenly, every class meets its objectives."""
-        capacity = self.slo_capacity_rps(mix, slos)
-        if capacity <= 0:
-            return max_replicas
-        return int(min(max_replicas, max(min_replicas, math.ceil(rate_rps / capacity - 1e-9))))
-
 
 __all__ = ["Slo", "TokenMix", "Prediction", "ServiceModel"]
