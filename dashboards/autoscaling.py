@@ -19,6 +19,19 @@ def _forecast(metric: str, what: str) -> list[Query]:
             for bound in ("mean", "upper")]
 
 
+def _latency(objective: str, description: str):
+    """One objective's actual mean against the service model's forecasts and the objective."""
+    forecast = m(f"goodput_forecast_{objective}_seconds")
+    actual = f"goodput_{objective}_seconds"
+    return series(f"{objective.upper()}: actual vs forecast", [
+        Query(f"sum(rate({m(actual + '_sum')}{{{MODEL}}}[{RATE}])) / "
+              f"sum(rate({m(actual + '_count')}{{{MODEL}}}[{RATE}]))", "actual mean"),
+        Query(f'max by (slo_class) ({forecast}{{bound="mean"}})', "forecast mean {{slo_class}}"),
+        Query(f'max by (slo_class) ({forecast}{{bound="upper"}})', "forecast at objective ratio, upper demand {{slo_class}}"),
+        Query(f'max by (slo_class) ({m("goodput_slo_target_seconds")}{{objective="{objective}"}})', "objective {{slo_class}}"),
+    ], "s", min=0, description=description)
+
+
 def build():
     desired = m("goodput_desired_replicas")
     observed = m("goodput_observed_replicas")
@@ -53,24 +66,11 @@ def build():
             Query(f'max({m("goodput_forecast_arrival_rate")}{{bound="upper"}})', "forecast upper"),
         ], "reqps", min=0, description="Fleet capacity at the current replica count against forecast demand."),
     ]
-    ttft, tpot = m("goodput_forecast_ttft_seconds"), m("goodput_forecast_tpot_seconds")
     latency = [
-        series("TTFT: actual vs forecast", [
-            Query(f"sum(rate({m('goodput_ttft_seconds_sum')}{{{MODEL}}}[{RATE}])) / "
-                  f"sum(rate({m('goodput_ttft_seconds_count')}{{{MODEL}}}[{RATE}]))", "actual mean"),
-            Query(f'max by (slo_class) ({ttft}{{bound="mean"}})', "forecast mean {{slo_class}}"),
-            Query(f'max by (slo_class) ({ttft}{{bound="upper"}})', "forecast at objective ratio, upper demand {{slo_class}}"),
-            Query(f'max by (slo_class) ({m("goodput_slo_target_seconds")}{{objective="ttft"}})', "objective {{slo_class}}"),
-        ], "s", min=0, description="What the service model predicts at the horizon with the current replicas: the mean "
-                                   "at the demand's mean, and the TTFT the class's objective ratio of requests stay under "
-                                   "at the demand's upper bound, against the objective and the actual mean."),
-        series("TPOT: actual vs forecast", [
-            Query(f"sum(rate({m('goodput_tpot_seconds_sum')}{{{MODEL}}}[{RATE}])) / "
-                  f"sum(rate({m('goodput_tpot_seconds_count')}{{{MODEL}}}[{RATE}]))", "actual mean"),
-            Query(f'max by (slo_class) ({tpot}{{bound="mean"}})', "forecast mean {{slo_class}}"),
-            Query(f'max by (slo_class) ({tpot}{{bound="upper"}})', "forecast at objective ratio, upper demand {{slo_class}}"),
-            Query(f'max by (slo_class) ({m("goodput_slo_target_seconds")}{{objective="tpot"}})', "objective {{slo_class}}"),
-        ], "s", min=0, description="As TTFT: overload that shows as a growing batch (nothing waiting) shows here."),
+        _latency("ttft", "What the service model predicts at the horizon with the current replicas: the mean "
+                         "at the demand's mean, and the TTFT the class's objective ratio of requests stay under "
+                         "at the demand's upper bound, against the objective and the actual mean."),
+        _latency("tpot", "As TTFT: overload that shows as a growing batch (nothing waiting) shows here."),
         series("Forecast error, one horizon later", [
             Query(f'max by (quantity) ({m("goodput_forecast_error_ratio")})', "relative error {{quantity}}"),
             Query(f'max by (quantity) ({m("goodput_forecast_error_upper_coverage_ratio")})', "under upper bound {{quantity}}"),
