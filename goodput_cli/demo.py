@@ -1,9 +1,12 @@
 """`goodput demo`: the embedded default, everything on this machine.
 
-Starts the bundled engine (SmolLM2 by default), the sidecar in front of it and the forecaster
-(scraping the sidecar), calibrates how fast this machine serves, replays a slice of a real trace
-time-scaled to that capacity through the sidecar, shows a live view read from the components'
-own /metrics, and ends with a report and the metrics URLs.
+Starts the bundled engine (SmolLM2 by default) and the sidecar in front of it, calibrates what
+one replica serves within the SLO (prefill and decode probes turned into requests/s by the
+service model, `goodput_cli.demo_plan`), starts the forecaster with that as its prior, and
+replays a real trace in three phases (under capacity, a burst past it, back under) through the
+sidecar. A live view reads the components' own /metrics; the report folder gets timeline.png,
+report.md and report.json (`goodput_cli.demo_report`). Every process it starts is stopped on
+any exit.
 """
 
 from __future__ import annotations
@@ -12,26 +15,37 @@ import argparse
 import asyncio
 import importlib.util
 import json
+import signal
+import sys
 import time
 from pathlib import Path
 
+from goodput_cli.demo_plan import CALIBRATION_CLASS, DEFAULT_PHASES, calibrate, parse_phases, plan_phases
 from goodput_cli.errors import UsageError
 
+DASHBOARDS = Path(__file__).resolve().parent.parent / "dashboards" / "generated"
 BUNDLED_TRACE = Path(__file__).resolve().parent.parent / "sidecar" / "loadgen" / "data" / "azure_code_5min.csv"
 
 
 def register(registry) -> None:
-    p = registry.command("demo", "the embedded default: engine + sidecar + forecaster, replays a real trace", run)
+    p = registry.command("demo", "the embedded default: engine + sidecar + forecaster, a real trace in three phases", run)
     p.add_argument("--model", default="smollm2", help="engine model: smollm2 (default), tiny, or a path")
     p.add_argument("--trace", type=Path, default=BUNDLED_TRACE, help="trace to replay (default: bundled Azure code slice)")
-    p.add_argument("--duration", type=float, default=120.0,
-                   help="seconds of replay (default 120); the trace is time-scaled to fill them at the chosen load")
-    p.add_argument("--load", type=float, default=0.25,
-                   help="mean offered load as a fraction of the calibrated capacity (default 0.25: calibration is a best case, all prompts arriving together; bursts go above)")
+    p.add_argument("--phases", default=",".join(f"{s.name}:{s.load:g}:{s.seconds:g}" for s in DEFAULT_PHASES),
+                   help="name:load:seconds,... with load a multiple of the calibrated capacity "
+                        "(default %(default)s)")
+    p.add_argument("--max-rate", type=float, default=None,
+                   help="cap the busiest phase's offered rate, req/s, scaling every phase alike (for a model faster "
+                        "than this client can load)")
     p.add_argument("--max-input", type=int, default=512, help="cap prompt lengths (one scale factor for all, default 512)")
     p.add_argument("--max-output", type=int, default=32, help="cap output lengths (default 32)")
-    p.add_argument("--slo-ttft", type=float, default=3.0, help="TTFT objective for the demo, seconds")
-    p.add_argument("--slo-tpot", type=float, default=0.5, help="TPOT objective for the demo, seconds")
+    p.add_argument("--slo-ttft", type=float, default=3.0, help="TTFT objective for the demo, seconds (default 3)")
+    p.add_argument("--slo-tpot", type=float, default=0.5, help="TPOT objective for the demo, seconds (default 0.5)")
+    p.add_argument("--objective", type=float, default=0.9, help="share of requests that must meet both (default 0.9)")
+    p.add_argument("--admission", action="store_true",
+                   help="turn the sidecar's goodput guard on: requests predicted to miss are shed (429)")
+    p.add_argument("--forecaster-step", type=float, default=5.0,
+                   help="forecaster step, s (default 5, so it moves within the demo; production default 15)")
     p.add_argument("--engine-port", type=int, default=8000)
     p.add_argument("--sidecar-port", type=int, default=8080)
     p.add_argument("--forecaster-port", type=int, default=9300, help="forecaster /metrics port (default 9300)")
@@ -41,142 +55,212 @@ def register(registry) -> None:
     p.add_argument("--keep-running", action="store_true", help="leave the servers up after the report until Ctrl-C")
 
 
-def _slo_file(out: Path, ttft: float, tpot: float) -> Path:
+def _slo_file(out: Path, args, phase_classes: list[str]) -> Path:
+    """One class per phase (and one for the calibration), all with the demo's objectives: the
+    sidecar's counters then split by phase exactly."""
     path = out / "slo.yaml"
-    path.write_text("default_class: demo\nclasses:\n"
-                    f"  - name: demo\n    ttft: {ttft}\n    tpot: {tpot}\n    objective: 0.9\n")
+    extra = f"    admission: true\n" if args.admission else ""
+    body = "default_class: demo\nclasses:\n"
+    for name in ["demo", CALIBRATION_CLASS, *phase_classes]:
+        body += (f"  - name: {name}\n    ttft: {args.slo_ttft}\n    tpot: {args.slo_tpot}\n"
+                 f"    objective: {args.objective}\n" + (extra if name != CALIBRATION_CLASS else ""))
+    body += "rules:\n  - header: x-slo-class\n"
+    path.write_text(body)
     return path
 
 
-def start_stack(args, procs: list) -> None:
-    """Engine, sidecar and (when it starts) forecaster, each waited for, appended to `procs`.
-
-    Appending as they start means the caller stops every one that did start, whatever fails next.
-    """
+def start_stack(args, procs: list, phase_classes: list[str]) -> None:
+    """Engine and sidecar, each waited for, appended to `procs` as soon as it exists (so the
+    caller stops every one that did start, whatever fails next, Ctrl-C included)."""
     from goodput_cli.procs import ServerProcess, goodput_command
 
-    print(f"starting the engine ({args.model}) on :{args.engine_port} (first run fetches and converts the weights)...")
+    t0 = time.monotonic()
+    print(f"starting the engine ({args.model}) on :{args.engine_port} (the first run fetches and converts the weights)...")
     procs.append(ServerProcess(goodput_command("engine", "serve", "--model", args.model, "--port", str(args.engine_port)),
-                               f"http://127.0.0.1:{args.engine_port}/health", timeout=600, name="engine"))
+                               None, name="engine", die_with_parent=True))
+    procs[-1].wait_ready_url(f"http://127.0.0.1:{args.engine_port}/health", timeout=600)
     print(f"starting the sidecar on :{args.sidecar_port}...")
     procs.append(ServerProcess(goodput_command("sidecar", "run", "--upstream", f"http://127.0.0.1:{args.engine_port}",
-                                               "--port", str(args.sidecar_port), "--slo-config", str(_slo_file(args.out, args.slo_ttft, args.slo_tpot)),
+                                               "--port", str(args.sidecar_port),
+                                               "--slo-config", str(_slo_file(args.out, args, phase_classes)),
                                                "--engine-metrics-interval", "1"),
-                               f"http://127.0.0.1:{args.sidecar_port}/healthz", timeout=60, name="sidecar"))
+                               None, name="sidecar", die_with_parent=True))
+    procs[-1].wait_ready_url(f"http://127.0.0.1:{args.sidecar_port}/healthz", timeout=60)
+    print(f"engine and sidecar up in {time.monotonic() - t0:.0f} s")
 
 
-def start_forecaster(args, procs: list, capacity: float) -> bool:
-    """The forecaster scraping the sidecar, with the calibrated per-replica capacity; False if it won't start."""
+def start_forecaster(args, procs: list, prior: Path) -> bool:
+    """The forecaster scraping the sidecar, its service model seeded by the calibration; False if
+    it won't start (the demo is still whole without forecasts, and says why)."""
     from goodput_cli.procs import ServerProcess, goodput_command
 
     if importlib.util.find_spec("forecaster.cli") is None:
         return False
     print(f"starting the forecaster on :{args.forecaster_port} (External Metrics API on https://127.0.0.1:{args.forecaster_api_port})...")
     try:
-        procs.append(ServerProcess(goodput_command("forecaster", "run", *forecaster_args(args, capacity)),
-                                   f"http://127.0.0.1:{args.forecaster_port}/metrics", timeout=60, name="forecaster"))
+        procs.append(ServerProcess(goodput_command("forecaster", "run", *forecaster_args(args, prior)), None,
+                                   name="forecaster", die_with_parent=True))
+        procs[-1].wait_ready_url(f"http://127.0.0.1:{args.forecaster_port}/metrics", timeout=60)
         return True
     except (RuntimeError, TimeoutError) as exc:
-        # The demo is still whole without the forecast; say why it is missing.
         print(f"forecaster not started, continuing without forecasts: {str(exc).strip().splitlines()[-1]}")
         return False
 
 
-def forecaster_args(args, capacity: float) -> list[str]:
-    # A 5 s step and a 60 s horizon so the forecast moves within a few-minute demo; in production
-    # the defaults (15 s, 180 s = a replica's cold start) apply.
+def forecaster_args(args, prior: Path) -> list[str]:
+    # A short step and horizon so the forecast moves within a few-minute demo, and a short
+    # scale-down window so phase 3 shows it scaling back; in production the defaults (15 s step,
+    # 180 s horizon = a replica's cold start, 300 s window) apply. No --capacity: the forecaster
+    # plans on its service model, seeded by the calibration and learned from the live traffic.
     return ["--targets", f"127.0.0.1:{args.sidecar_port}", "--metrics-port", str(args.forecaster_port),
-            "--api-port", str(args.forecaster_api_port), "--self-signed", "--step", "5", "--horizon", "60",
-            "--capacity", f"{capacity:.4f}", "--max-replicas", "8"]
+            "--api-port", str(args.forecaster_api_port), "--self-signed", "--step", f"{args.forecaster_step:g}",
+            "--horizon", "30", "--cold-start", "30", "--scale-down-window", "15", "--prior", str(prior),
+            "--max-replicas", "16"]
 
 
-def calibrate(url: str, model: str, n_in: int, n_out: int, tokenizer) -> float:
-    """Completed requests/s of this machine for a typical request at a small concurrency (4)."""
-    from sidecar.loadgen.prompts import PromptFactory
-    from sidecar.loadgen.runner import LoadConfig, run_load
-    from sidecar.loadgen.workload import PlannedRequest
-    from sidecar.slo import SloClass
-
-    cfg = LoadConfig(base_url=url, model=model, slo=SloClass("calibrate", ttft=1e9, tpot=1e9))
-    prompts = PromptFactory(tokenizer, seed=99)
-    asyncio.run(run_load(cfg, [PlannedRequest(0.0, n_in, 4)], prompts))  # warm-up
-    reqs = [PlannedRequest(0.0, n_in, n_out) for _ in range(4)]
-    records, duration = asyncio.run(run_load(cfg, reqs, prompts))
-    done = sum(r.outcome == "good" for r in records)
-    if done == 0:
-        raise UsageError(f"calibration requests failed: {records[0].error}")
-    return done / duration
+def _validate(args) -> tuple:
+    try:
+        specs = parse_phases(args.phases)
+    except ValueError as exc:
+        raise UsageError(f"--phases: {exc}") from None
+    for name in ("slo_ttft", "slo_tpot", "forecaster_step"):
+        if not getattr(args, name) > 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be > 0")
+    if not 0 < args.objective < 1:
+        raise UsageError("--objective must be between 0 and 1")
+    if args.max_rate is not None and not args.max_rate > 0:
+        raise UsageError("--max-rate must be > 0")
+    return specs
 
 
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from goodput_cli.demo_report import write_report
     from goodput_cli.demo_view import DemoView
     from sidecar.loadgen import traces
     from sidecar.loadgen.prompts import PromptFactory
     from sidecar.loadgen.runner import LiveStats, LoadConfig, run_load
-    from sidecar.loadgen.summary import format_summary, summarise
     from sidecar.slo import SloClass
 
+    specs = _validate(args)
     args.out.mkdir(parents=True, exist_ok=True)
     try:
         reqs = traces.read_trace(args.trace)
     except traces.TraceError as exc:
         raise UsageError(str(exc)) from None
+    fitted, fit = traces.fit_to_model(reqs, max_model_len=2048, max_input=args.max_input, max_output=args.max_output)
+    phase_classes = [f"phase-{s.name}" for s in specs]
+    slo_dict = {"ttft": args.slo_ttft, "tpot": args.slo_tpot, "objective": args.objective}
     procs: list = []
+    # SIGTERM ends the demo like Ctrl-C: the finally below stops every component (and if even
+    # that is skipped, each component has asked the kernel to end it with this process).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        start_stack(args, procs)
+        start_stack(args, procs, phase_classes)
         sidecar_url = f"http://127.0.0.1:{args.sidecar_port}"
         import httpx
 
         model = httpx.get(f"{sidecar_url}/v1/models", timeout=30).json()["data"][0]["id"]
         tokenizer = tokenizer_file(args.model)
-        fitted, fit = traces.fit_to_model(reqs, max_model_len=2048, max_input=args.max_input, max_output=args.max_output)
-        n_in = int(np.median([r.input_tokens for r in fitted]))
-        n_out = int(np.median([r.output_tokens for r in fitted]))
-        print(f"calibrating: 4 concurrent requests of {n_in} prompt + {n_out} output tokens...")
-        capacity = calibrate(sidecar_url, model, n_in, n_out, tokenizer)
-        has_forecaster = start_forecaster(args, procs, capacity)
-        # Take as many of the trace's first requests as the target rate fills the duration with, and
-        # compress (or stretch) their real inter-arrival pattern onto the duration.
-        count = max(2, min(len(fitted), round(args.load * capacity * args.duration)))
-        span = fitted[count - 1].arrival or 1.0
-        speedup = span / args.duration
-        replay = traces.window(fitted[:count], 0.0, None, speedup)
-        print(f"capacity ≈ {capacity:.2f} req/s; replaying the first {count} requests ({span:.0f} s) of "
-              f"{args.trace.name} at ×{speedup:.3f} speed: {count / args.duration:.2f} req/s over {args.duration:.0f} s; "
-              f"prompts scaled ×{fit.scale:.3f}, outputs capped at {args.max_output}")
-        slo = SloClass("demo", ttft=args.slo_ttft, tpot=args.slo_tpot, objective=0.9)
+        slo = SloClass("demo", ttft=args.slo_ttft, tpot=args.slo_tpot, objective=args.objective)
         cfg = LoadConfig(base_url=sidecar_url, model=model, slo=slo)
+        print("calibrating: prefill and decode probes through the sidecar...")
+        try:
+            cal = calibrate(cfg, PromptFactory(tokenizer, seed=99), [r.input_tokens for r in fitted],
+                            [r.output_tokens for r in fitted], args.slo_ttft, args.slo_tpot, args.objective,
+                            step_token_budget=512, max_batch=64)
+        except RuntimeError as exc:
+            raise UsageError(str(exc)) from None
+        print(f"calibration {cal.line}")
+        prior = args.out / "calibration.json"
+        prior.write_text(json.dumps(cal.bench, indent=2) + "\n")
+        has_forecaster = start_forecaster(args, procs, prior)
+        replay, phases = plan_phases(fitted, cal.capacity, specs, args.max_rate)
+        print(f"replaying {len(replay)} requests of {args.trace.name} (prompts scaled x{fit.scale:.3f}, outputs capped at "
+              f"{args.max_output}) in {len(phases)} phases: "
+              + ", ".join(f"{p.name} {p.end - p.start:.0f} s at {p.rate:.2f} req/s" for p in phases))
         stats = LiveStats()
-        view = DemoView(sidecar_url, f"http://127.0.0.1:{args.forecaster_port}" if has_forecaster else None, stats, len(replay))
+        view = DemoView(sidecar_url, f"http://127.0.0.1:{args.forecaster_port}" if has_forecaster else None, stats,
+                        phases, len(replay), CALIBRATION_CLASS, slo_dict, procs)
+        # The sidecar's counters before the replay: the calibration's requests are its own class.
+        before = _class_counts(sidecar_url)
 
         async def go():
-            task = asyncio.ensure_future(run_load(cfg, replay, PromptFactory(tokenizer, seed=1), stats))
+            task = asyncio.ensure_future(run_load(cfg, replay, PromptFactory(tokenizer, seed=1), stats,
+                                                  on_record=view.records.append))
             return await view.run_until(task)
 
         records, duration = asyncio.run(go())
-        summary = summarise(records, duration, replay[-1].arrival)
-        report = {"model": model, "capacity_req_per_s": capacity, "speedup": speedup, "trace": str(args.trace),
-                  "summary": summary.to_json(), "final_metrics": view.last_snapshot}
-        (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        after = _class_counts(sidecar_url)
+        sidecar_counts = {c: {o: after.get(c, {}).get(o, 0) - before.get(c, {}).get(o, 0)
+                              for o in after.get(c, {})} for c in phase_classes}
+        report = write_report(args.out, records=records, phases=phases, series=view.series, run_end=duration,
+                              calibration=cal, slo=slo_dict, model=model, trace=str(args.trace),
+                              admission=args.admission, extra={"sidecar_counts": sidecar_counts,
+                                                               "final_metrics": view.last_snapshot})
         with open(args.out / "records.jsonl", "w") as fh:
             for r in records:
                 fh.write(json.dumps(r.to_json()) + "\n")
-        print("\n" + format_summary(summary))
-        print(f"\nreport: {args.out}/report.json, records: {args.out}/records.jsonl")
-        print(f"metrics: sidecar {sidecar_url}/metrics  engine http://127.0.0.1:{args.engine_port}/metrics"
-              + (f"\n         forecaster http://127.0.0.1:{args.forecaster_port}/metrics  External Metrics API "
-               f"https://127.0.0.1:{args.forecaster_api_port}/apis/external.metrics.k8s.io/v1beta1/namespaces/default/goodput_desired_replicas"
-               if has_forecaster else ""))
+        print_summary(report)
+        print(f"\nreport: {args.out}/report.md, {args.out}/report.json, {args.out}/timeline.png, records: "
+              f"{args.out}/records.jsonl")
+        print(f"\nPrometheus should scrape: sidecar {sidecar_url}/metrics (it also re-exports the engine's as "
+              f"goodput_engine_*), engine http://127.0.0.1:{args.engine_port}/metrics"
+              + (f", forecaster http://127.0.0.1:{args.forecaster_port}/metrics; the HPA's External Metrics API: "
+                 f"https://127.0.0.1:{args.forecaster_api_port}/apis/external.metrics.k8s.io/v1beta1/namespaces/default/goodput_desired_replicas"
+                 if has_forecaster else ""))
+        print(f"Grafana: import {', '.join(str(p) for p in sorted(DASHBOARDS.glob('*.json')))} "
+              f"(alerting rules: {DASHBOARDS / 'rules'})")
         if args.keep_running:
             print("servers keep running; Ctrl-C to stop")
             while True:
                 time.sleep(3600)
         return 0
+    except RuntimeError as exc:
+        # A component died or answered nonsense: say which, with its log, and stop the others.
+        raise UsageError(f"the demo stopped: {exc}") from None
     finally:
         for p in reversed(procs):
             p.stop()
+
+
+def _class_counts(sidecar_url: str) -> dict[str, dict[str, float]]:
+    import httpx
+
+    from goodput_cli import promtext
+
+    side = promtext.parse(httpx.get(f"{sidecar_url}/metrics", timeout=10).text)
+    out: dict[str, dict[str, float]] = {}
+    for (name, labels), v in side.items():
+        if name == "goodput_requests_total":
+            lab = dict(labels)
+            cls = out.setdefault(lab.get("slo_class", "?"), {})
+            cls[lab.get("outcome", "?")] = cls.get(lab.get("outcome", "?"), 0.0) + v
+    return out
+
+
+def _n(v) -> str:
+    return "-" if v is None else f"{v:.0f}"
+
+
+def print_summary(report: dict) -> None:
+    def ms(v):
+        return "-" if v is None else f"{v * 1000:.0f}"
+
+    print(f"\n{'phase':<10} {'s':>9} {'offered':>8} {'req':>5} {'good':>5} {'late':>5} {'shed':>5} {'attain':>7} "
+          f"{'thru/s':>7} {'good/s':>7} {'TTFT p50':>9} {'TPOT p50':>9} {'desired':>8}")
+    for p in report["phases"]:
+        att = "-" if p["attainment"] is None else f"{p['attainment'] * 100:.1f}%"
+        span = f"{p['start']:.0f}-{p['end']:.0f}"
+        print(f"{p['name']:<10} {span:>9} {p['offered_rate']:>8.2f} {p['requests']:>5} {p['good']:>5} "
+              f"{p['slo_violated']:>5} {p['shed']:>5} {att:>7} {p['throughput']:>7.2f} {p['goodput']:>7.2f} "
+              f"{ms(p['ttft_p50']):>7}ms {ms(p['tpot_p50']):>7}ms "
+              f"{_n(p['desired_replicas_max']):>8}")
+    lead = report["forecast_lead_seconds"]
+    print("\nforecast lead: " + (f"{lead:+.1f} s: the forecaster asked for more replicas at "
+                                  f"{report['forecaster_asked_at']:.1f} s, attainment fell at {report['attainment_fell_at']:.1f} s"
+                                  if lead is not None else f"not measured ({report['note']})"))
 
 
 def tokenizer_file(model: str) -> Path | None:

@@ -1,0 +1,195 @@
+"""What `goodput demo` sends: the calibration probes, the service model they give, and the three
+phases cut from a real trace.
+
+Calibration measures, through the sidecar, the two things a replica's SLO capacity rests on:
+prefill speed (TTFT of a short and a long prompt, one at a time, one output token each) and the
+decode step against the batch (TPOT of one stream alone, then of eight at once). Those points
+are a `goodput bench engine`-shaped result, so the forecaster takes them as its `--prior` and
+the service model of `forecaster.service_model` turns them into requests/s within the SLO for
+the trace's own token mix. Nothing is assumed about the machine.
+
+The phases are consecutive slices of the trace, each time-scaled so its mean rate is the
+phase's multiple of that capacity: the arrivals keep the trace's own burstiness. Every phase
+sends its requests with its own SLO class (same objectives), so the sidecar's counters split
+by phase exactly and the report's figures can be checked against them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from dataclasses import dataclass, replace
+
+from sidecar.loadgen.workload import PlannedRequest
+
+CALIBRATION_CLASS = "calibrate"
+SHORT_PROMPT = 16            # tokens: TTFT of this is (almost) the fixed overhead
+DECODE_TOKENS = 24           # output tokens of a decode probe
+DECODE_BATCH = 8             # the larger of the two decode probes
+
+
+@dataclass(frozen=True)
+class PhaseSpec:
+    name: str
+    load: float              # mean offered rate as a multiple of the calibrated capacity
+    seconds: float
+    what: str                # one line for the live view and the report
+
+
+DEFAULT_PHASES = (
+    PhaseSpec("under", 0.5, 40.0, "under capacity: goodput should equal throughput"),
+    PhaseSpec("burst", 2.0, 30.0, "a burst past capacity: the forecaster should ask for replicas first"),
+    PhaseSpec("recovery", 0.4, 50.0, "back under capacity: recovery, and the forecaster scales back"),
+)
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    start: float             # seconds from the start of the replay
+    end: float
+    rate: float              # planned mean arrival rate, req/s
+    load: float
+    what: str
+
+    @property
+    def slo_class(self) -> str:
+        return f"phase-{self.name}"
+
+
+def parse_phases(text: str) -> tuple[PhaseSpec, ...]:
+    """`name:load:seconds,...` (e.g. under:0.5:40,burst:2:30,recovery:0.4:50)."""
+    out = []
+    known = {p.name: p.what for p in DEFAULT_PHASES}
+    for part in text.split(","):
+        bits = part.strip().split(":")
+        if len(bits) != 3:
+            raise ValueError(f"phase {part!r}: expected name:load:seconds")
+        name, load, seconds = bits[0].strip(), float(bits[1]), float(bits[2])
+        if not name or not name.replace("-", "").replace("_", "").isalnum():
+            raise ValueError(f"phase {part!r}: the name must be letters, digits, - or _")
+        if not (load > 0 and seconds > 0):
+            raise ValueError(f"phase {part!r}: load and seconds must be > 0")
+        out.append(PhaseSpec(name, load, seconds, known.get(name, f"{load:g}x capacity")))
+    if len({p.name for p in out}) != len(out):
+        raise ValueError("phase names must differ")
+    return tuple(out)
+
+
+def plan_phases(trace: list[PlannedRequest], capacity: float, specs: tuple[PhaseSpec, ...],
+                max_rate: float | None = None) -> tuple[list[PlannedRequest], list[Phase]]:
+    """Consecutive slices of `trace`, one per phase, each squeezed or stretched onto its phase's
+    seconds so that count / seconds = load x capacity. Wraps around the trace if it runs out."""
+    if capacity <= 0:
+        raise ValueError(f"capacity must be > 0, got {capacity}")
+    if len(trace) < 2:
+        raise ValueError("the trace needs at least two requests")
+    planned: list[PlannedRequest] = []
+    phases: list[Phase] = []
+    t, i = 0.0, 0
+    # A client that cannot offer the busiest phase's rate scales every phase alike, so the
+    # phases keep their ratios (and `load` then says what was offered, as a multiple of capacity).
+    scale = 1.0
+    if max_rate is not None:
+        scale = min(1.0, max_rate / (max(s.load for s in specs) * capacity))
+    for spec in specs:
+        rate = spec.load * capacity * scale
+        count = max(1, round(rate * spec.seconds))
+        # One request past the slice marks where its time span ends, so the gaps keep their shape
+        # (a wrap-around seam, where the next arrival is earlier, counts as no gap).
+        idx = [(i + k) % len(trace) for k in range(count + 1)]
+        gaps = [max(0.0, trace[b].arrival - trace[a].arrival) for a, b in zip(idx, idx[1:])]
+        span = sum(gaps)
+        if span <= 0:
+            gaps, span = [1.0] * count, float(count)
+        arrivals = [0.0]
+        for g in gaps[:-1]:
+            arrivals.append(arrivals[-1] + g)
+        phase = Phase(spec.name, t, t + spec.seconds, count / spec.seconds, spec.load * scale, spec.what)
+        for k, a in enumerate(arrivals):
+            src = trace[idx[k]]
+            planned.append(replace(src, arrival=t + a / span * spec.seconds, slo_class=phase.slo_class))
+        phases.append(phase)
+        t += spec.seconds
+        i = (i + count) % len(trace)
+    return planned, phases
+
+
+def phase_of(phases: list[Phase], scheduled: float) -> Phase:
+    """The phase a request belongs to: the one its planned arrival falls in."""
+    for p in phases:
+        if p.start <= scheduled < p.end:
+            return p
+    raise ValueError(f"arrival {scheduled:.3f} s is outside every phase")
+
+
+# -- calibration -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Calibration:
+    bench: dict              # `goodput bench engine --json` shape: engine_decode, engine_prefill
+    overhead_s: float        # TTFT of the short prompt less its prefill
+    capacity: float          # requests/s one replica serves within the SLO, for the trace's mix
+    seconds: float           # how long the probes took
+    line: str                # what was measured, in one line
+
+
+async def _probe(cfg, prompts, requests: list[PlannedRequest]):
+    from sidecar.loadgen.runner import run_load
+
+    records, _ = await run_load(cfg, requests, prompts)
+    bad = [r for r in records if r.outcome not in ("good", "slo_violated")]
+    if bad:
+        raise RuntimeError(f"calibration request failed: {bad[0].error or bad[0].outcome}")
+    return records
+
+
+async def measure(cfg, prompts, long_prompt: int) -> tuple[dict, float]:
+    """Prefill and decode probes against the endpoint in `cfg`; (bench-shaped dict, overhead)."""
+    one = lambda n_in, n_out: PlannedRequest(0.0, n_in, n_out, slo_class=CALIBRATION_CLASS)  # noqa: E731
+    await _probe(cfg, prompts, [one(SHORT_PROMPT, 4)])                      # warm-up
+    short, long = [], []
+    for _ in range(2):                                                      # best of two, one at a time
+        short.append((await _probe(cfg, prompts, [one(SHORT_PROMPT, 1)]))[0].ttft)
+        long.append((await _probe(cfg, prompts, [one(long_prompt, 1)]))[0].ttft)
+    t_short, t_long = min(short), min(long)
+    prefill = (long_prompt - SHORT_PROMPT) / max(t_long - t_short, 1e-6)
+    overhead = max(0.0, t_short - SHORT_PROMPT / prefill)
+    single = await _probe(cfg, prompts, [one(SHORT_PROMPT, DECODE_TOKENS)])
+    batch = await _probe(cfg, prompts, [one(SHORT_PROMPT, DECODE_TOKENS) for _ in range(DECODE_BATCH)])
+    step1 = single[0].tpot
+    step_b = statistics.median(r.tpot for r in batch)
+    bench = {"model": cfg.model, "source": "goodput demo calibration (HTTP probes through the sidecar)",
+             "engine_decode": [{"batch": 1, "step_s": step1}, {"batch": DECODE_BATCH, "step_s": max(step_b, step1)}],
+             "engine_prefill": {"tokens_per_s": prefill, "prompt_tokens": long_prompt}}
+    return bench, overhead
+
+
+def calibrate(cfg, prompts, mix_prompt: list[int], mix_output: list[int], ttft: float, tpot: float,
+              objective: float, step_token_budget: int, max_batch: int) -> Calibration:
+    import time
+
+    import numpy as np
+
+    from forecaster.service_learn import model_from_bench
+    from forecaster.service_model import Slo, TokenMix
+
+    t0 = time.monotonic()
+    long_prompt = max(SHORT_PROMPT * 4, int(np.percentile(mix_prompt, 90)))
+    bench, overhead = asyncio.run(measure(cfg, prompts, long_prompt))
+    model = replace(model_from_bench(bench, step_token_budget=step_token_budget, max_batch=max_batch),
+                    ttft_overhead_s=overhead)
+    mix = TokenMix.from_samples(mix_prompt, mix_output)
+    capacity = model.slo_capacity_rps(mix, [Slo(ttft, tpot, objective, "demo")])
+    if not capacity > 0:
+        raise RuntimeError(f"the measured service model serves nothing within TTFT {ttft} s / TPOT {tpot} s: "
+                           f"decode step {bench['engine_decode'][0]['step_s'] * 1000:.0f} ms at batch 1, "
+                           f"prefill {bench['engine_prefill']['tokens_per_s']:.0f} tokens/s; loosen the SLO")
+    seconds = time.monotonic() - t0
+    d = bench["engine_decode"]
+    line = (f"measured in {seconds:.0f} s: prefill {bench['engine_prefill']['tokens_per_s']:.0f} tokens/s, "
+            f"decode step {d[0]['step_s'] * 1000:.0f} ms alone and {d[1]['step_s'] * 1000:.0f} ms at batch {DECODE_BATCH}, "
+            f"TTFT overhead {overhead * 1000:.0f} ms -> the service model serves {capacity:.2f} req/s of this "
+            f"trace's mix (mean {np.mean(mix_prompt):.0f} prompt + {np.mean(mix_output):.0f} output tokens) "
+            f"within TTFT {ttft:g} s / TPOT {tpot:g} s for {objective:.0%} of requests")
+    return Calibration(bench, overhead, capacity, seconds, line)

@@ -1,0 +1,115 @@
+"""The demo's phases and report figures, on synthetic traces and records (no servers)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from goodput_cli.demo_plan import DEFAULT_PHASES, PhaseSpec, parse_phases, phase_of, plan_phases
+from goodput_cli.demo_report import lead_times, phase_figures, report_markdown, rolling_attainment
+from sidecar.loadgen.summary import RequestRecord
+from sidecar.loadgen.workload import PlannedRequest
+
+
+def _trace(n=500, gap=0.3):
+    # Bursty on purpose: every tenth gap is ten times longer.
+    t, out = 0.0, []
+    for i in range(n):
+        out.append(PlannedRequest(t, 100 + i % 7, 10 + i % 3))
+        t += gap * (10 if i % 10 == 9 else 1)
+    return out
+
+
+def test_phases_get_their_rate_and_keep_the_traces_gaps():
+    trace = _trace()
+    planned, phases = plan_phases(trace, capacity=2.0, specs=DEFAULT_PHASES)
+    assert [p.name for p in phases] == ["under", "burst", "recovery"]
+    assert phases[0].start == 0 and all(a.end == b.start for a, b in zip(phases, phases[1:]))
+    for spec, p in zip(DEFAULT_PHASES, phases):
+        mine = [r for r in planned if r.slo_class == p.slo_class]
+        assert len(mine) == round(spec.load * 2.0 * spec.seconds)
+        assert all(p.start <= r.arrival < p.end for r in mine)
+        assert p.rate == pytest.approx(spec.load * 2.0, rel=0.05)
+    # The trace's shape survives: long gaps are ten times the short ones within a phase.
+    mine = [r.arrival for r in planned if r.slo_class == "phase-under"]
+    gaps = sorted(b - a for a, b in zip(mine, mine[1:]))
+    assert gaps[-1] / gaps[0] == pytest.approx(10.0, rel=1e-6)
+    # Consecutive slices: lengths follow the trace in order.
+    assert [r.input_tokens for r in planned[:20]] == [r.input_tokens for r in trace[:20]]
+
+
+def test_a_short_trace_wraps_around_and_max_rate_scales_every_phase_alike():
+    trace = _trace(n=30)
+    planned, phases = plan_phases(trace, capacity=100.0, specs=DEFAULT_PHASES, max_rate=10.0)
+    assert max(p.rate for p in phases) == pytest.approx(10.0, rel=0.05)
+    assert phases[0].rate / phases[1].rate == pytest.approx(0.5 / 2.0, rel=0.05)
+    assert phases[1].load == pytest.approx(0.1) and len(planned) == sum(round(p.rate * (p.end - p.start)) for p in phases)
+
+
+def test_phase_arguments_are_checked():
+    assert parse_phases("a:1:10,b:0.5:5") == (PhaseSpec("a", 1.0, 10.0, "1x capacity"), PhaseSpec("b", 0.5, 5.0, "0.5x capacity"))
+    for bad in ("a:1", "a:0:5", "a:1:-1", "a:1:5,a:2:5", "a b:1:5", "a:x:5"):
+        with pytest.raises(ValueError):
+            parse_phases(bad)
+    with pytest.raises(ValueError):
+        plan_phases(_trace(), capacity=0.0, specs=DEFAULT_PHASES)
+
+
+def _rec(i, scheduled, outcome, e2e=1.0, ttft=0.5, tpot=0.05, cls=None):
+    return RequestRecord(index=i, scheduled=scheduled, sent=scheduled, input_tokens=10, max_tokens=5, outcome=outcome,
+                         ttft=None if outcome == "shed" else ttft, tpot=None if outcome == "shed" else tpot,
+                         e2e=None if outcome == "shed" else e2e, slo_class=cls)
+
+
+def test_figures_count_every_request_once_and_rates_by_finish_time():
+    _, phases = plan_phases(_trace(), capacity=1.0, specs=(PhaseSpec("under", 0.5, 10, ""), PhaseSpec("burst", 2, 10, ""),
+                                                           PhaseSpec("recovery", 0.5, 10, "")))
+    recs = [_rec(0, 1.0, "good"), _rec(1, 5.0, "good", e2e=6.0),                  # the second finishes in burst
+            _rec(2, 11.0, "slo_violated", e2e=25.0), _rec(3, 12.0, "shed"), _rec(4, 13.0, "good"),
+            _rec(5, 25.0, "good", e2e=10.0)]                                      # finishes after the last phase
+    figs = phase_figures(recs, phases, series=[], run_end=35.0)
+    assert [f.requests for f in figs] == [2, 3, 1]
+    assert [f.good for f in figs] == [2, 1, 1] and figs[1].shed == 1 and figs[1].slo_violated == 1
+    assert figs[1].attainment == pytest.approx(1 / 3)
+    # Finishing in the window: under has #0; burst #1 and #4 (good); recovery #2 (late) and #5.
+    assert figs[0].goodput == pytest.approx(1 / 10) and figs[0].throughput == pytest.approx(1 / 10)
+    assert figs[1].goodput == pytest.approx(2 / 10) and figs[1].throughput == pytest.approx(2 / 10)
+    assert figs[2].throughput == pytest.approx(2 / 15) and figs[2].goodput == pytest.approx(1 / 15)
+    with pytest.raises(ValueError):
+        phase_of(phases, 31.0)
+
+
+def test_lead_is_when_attainment_fell_minus_when_the_forecaster_asked():
+    _, phases = plan_phases(_trace(), capacity=1.0, specs=(PhaseSpec("under", 0.5, 10, ""), PhaseSpec("burst", 2, 20, "")))
+    recs = [_rec(i, 0.5 * i, "good", e2e=0.5) for i in range(20)]                # fine until 10 s
+    recs += [_rec(100 + i, 10 + 0.5 * i, "slo_violated", e2e=4.0) for i in range(30)]   # misses finish from 14 s
+    series = [{"t": float(t), "desired_replicas": 1.0 if t < 12 else 2.0} for t in range(0, 30)]
+    lead = lead_times(recs, phases, series, objective=0.9, ttft=3.0, tpot=0.5, run_end=30.0)
+    assert lead["forecaster_asked_at"] == 12.0
+    # Attainment over the last 10 s first drops under 90 % when 3 misses (14, 14.5, 15) sit beside
+    # the 10 goods still in the window: at 15 s (10/13 = 77 %); 14.5 s gives 10/12 = 83 %, 14 s 10/11 = 91 %.
+    assert lead["attainment_fell_at"] == 14.5
+    assert lead["forecast_lead_seconds"] == pytest.approx(2.5)
+    assert lead["first_missed_request_sent_at"] == 10.0
+    # Asked only after: negative.
+    late = [{"t": float(t), "desired_replicas": 1.0 if t < 20 else 2.0} for t in range(0, 30)]
+    assert lead_times(recs, phases, late, 0.9, 3.0, 0.5, 30.0)["forecast_lead_seconds"] == pytest.approx(-5.5)
+    # Never fell: no lead, and says so.
+    ok = [_rec(i, 0.5 * i, "good", e2e=0.5) for i in range(60)]
+    r = lead_times(ok, phases, series, 0.9, 3.0, 0.5, 30.0)
+    assert r["forecast_lead_seconds"] is None and "never fell" in r["note"]
+
+
+def test_rolling_attainment_and_markdown():
+    recs = [_rec(0, 0.0, "good", e2e=1.0), _rec(1, 0.0, "slo_violated", e2e=2.0)]
+    assert rolling_attainment(recs, [0.5, 1.5, 2.5, 13.0]) == [(0.5, None, 0), (1.5, 1.0, 1), (2.5, 0.5, 2),
+                                                              (13.0, None, 0)]
+    _, phases = plan_phases(_trace(), 1.0, (PhaseSpec("under", 0.5, 10, ""),))
+    figs = phase_figures(recs, phases, [], 10.0)
+    md = report_markdown({"model": "m", "trace": "t.csv", "slo": {"ttft": 3, "tpot": 0.5, "objective": 0.9},
+                          "admission": False, "calibration": {"line": "measured"},
+                          "phases": [f.to_json() for f in figs], "forecast_lead_seconds": None,
+                          "note": "no phase above capacity"})
+    assert "**under**" in md and "not measured: no phase above capacity" in md
+    assert not any(isinstance(v, float) and math.isnan(v) for v in figs[0].to_json().values())
