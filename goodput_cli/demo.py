@@ -24,13 +24,13 @@ from goodput_cli.demo_plan import CALIBRATION_CLASS, DEFAULT_PHASES, calibrate, 
 from goodput_cli.errors import UsageError
 
 DASHBOARDS = Path(__file__).resolve().parent.parent / "dashboards" / "generated"
-BUNDLED_TRACE = Path(__file__).resolve().parent.parent / "sidecar" / "loadgen" / "data" / "azure_code_5min.csv"
+BUNDLED_TRACE = Path(__file__).resolve().parent.parent / "sidecar" / "loadgen" / "data" / "mooncake_conversation_5min.jsonl"
 
 
 def register(registry) -> None:
     p = registry.command("demo", "the embedded default: engine + sidecar + forecaster, a real trace in three phases", run)
     p.add_argument("--model", default="smollm2", help="engine model: smollm2 (default), tiny, or a path")
-    p.add_argument("--trace", type=Path, default=BUNDLED_TRACE, help="trace to replay (default: bundled Azure code slice)")
+    p.add_argument("--trace", type=Path, default=BUNDLED_TRACE, help="trace to replay (default: the bundled slice of the Mooncake conversation trace)")
     p.add_argument("--phases", default=",".join(f"{s.name}:{s.load:g}:{s.seconds:g}" for s in DEFAULT_PHASES),
                    help="name:load:seconds,... with load a multiple of the calibrated capacity "
                         "(default %(default)s)")
@@ -167,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = LoadConfig(base_url=sidecar_url, model=model, slo=slo)
         print("calibrating: prefill and decode probes through the sidecar...")
         try:
-            cal = calibrate(cfg, PromptFactory(tokenizer, seed=99), [r.input_tokens for r in fitted],
+            cal = calibrate(cfg, lambda k: PromptFactory(tokenizer, seed=1000 + k), [r.input_tokens for r in fitted],
                             [r.output_tokens for r in fitted], args.slo_ttft, args.slo_tpot, args.objective,
                             step_token_budget=512, max_batch=64)
         except RuntimeError as exc:
@@ -195,13 +195,15 @@ def run(args: argparse.Namespace) -> int:
         after = _class_counts(sidecar_url)
         sidecar_counts = {c: {o: after.get(c, {}).get(o, 0) - before.get(c, {}).get(o, 0)
                               for o in after.get(c, {})} for c in phase_classes}
+        # The measurements first: whatever the report does, nothing measured is lost.
+        with open(args.out / "records.jsonl", "w") as fh:
+            for r in records:
+                fh.write(json.dumps(r.to_json()) + "\n")
+        (args.out / "series.jsonl").write_text("".join(json.dumps(x) + "\n" for x in view.series))
         report = write_report(args.out, records=records, phases=phases, series=view.series, run_end=duration,
                               calibration=cal, slo=slo_dict, model=model, trace=str(args.trace),
                               admission=args.admission, extra={"sidecar_counts": sidecar_counts,
                                                                "final_metrics": view.last_snapshot})
-        with open(args.out / "records.jsonl", "w") as fh:
-            for r in records:
-                fh.write(json.dumps(r.to_json()) + "\n")
         print_summary(report)
         print(f"\nreport: {args.out}/report.md, {args.out}/report.json, {args.out}/timeline.png, records: "
               f"{args.out}/records.jsonl")

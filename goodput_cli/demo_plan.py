@@ -2,7 +2,8 @@
 phases cut from a real trace.
 
 Calibration measures, through the sidecar, the two things a replica's SLO capacity rests on:
-prefill speed (TTFT of a short and a long prompt, one at a time, one output token each) and the
+prefill speed (TTFT of a short and a long prompt, one at a time, one output token each, the
+median of three) and the
 decode step against the batch (TPOT of one stream alone, then of eight at once). Those points
 are a `goodput bench engine`-shaped result, so the forecaster takes them as its `--prior` and
 the service model of `forecaster.service_model` turns them into requests/s within the SLO for
@@ -17,7 +18,9 @@ by phase exactly and the report's figures can be checked against them.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from sidecar.loadgen.workload import PlannedRequest
@@ -108,7 +111,9 @@ def plan_phases(trace: list[PlannedRequest], capacity: float, specs: tuple[Phase
         phase = Phase(spec.name, t, t + spec.seconds, count / spec.seconds, spec.load * scale, spec.what)
         for k, a in enumerate(arrivals):
             src = trace[idx[k]]
-            planned.append(replace(src, arrival=t + a / span * spec.seconds, slo_class=phase.slo_class))
+            # Requests tied at the slice's end (equal timestamps) stay inside the phase.
+            at = t + min(a / span, 1.0 - 1e-9) * spec.seconds
+            planned.append(replace(src, arrival=at, slo_class=phase.slo_class))
         phases.append(phase)
         t += spec.seconds
         i = (i + count) % len(trace)
@@ -134,10 +139,15 @@ class Calibration:
     line: str                # what was measured, in one line
 
 
+_PROBES = itertools.count(1)
+
+
 async def _probe(cfg, prompts, requests: list[PlannedRequest]):
+    """One probe; `prompts(k)` makes the k-th probe's PromptFactory, so no probe's prompt is in the
+    engine's prefix cache from an earlier one."""
     from sidecar.loadgen.runner import run_load
 
-    records, _ = await run_load(cfg, requests, prompts)
+    records, _ = await run_load(cfg, requests, prompts(next(_PROBES)))
     bad = [r for r in records if r.outcome not in ("good", "slo_violated")]
     if bad:
         raise RuntimeError(f"calibration request failed: {bad[0].error or bad[0].outcome}")
@@ -149,10 +159,10 @@ async def measure(cfg, prompts, long_prompt: int) -> tuple[dict, float]:
     one = lambda n_in, n_out: PlannedRequest(0.0, n_in, n_out, slo_class=CALIBRATION_CLASS)  # noqa: E731
     await _probe(cfg, prompts, [one(SHORT_PROMPT, 4)])                      # warm-up
     short, long = [], []
-    for _ in range(2):                                                      # best of two, one at a time
+    for _ in range(3):                                                      # median of three, one at a time
         short.append((await _probe(cfg, prompts, [one(SHORT_PROMPT, 1)]))[0].ttft)
         long.append((await _probe(cfg, prompts, [one(long_prompt, 1)]))[0].ttft)
-    t_short, t_long = min(short), min(long)
+    t_short, t_long = statistics.median(short), statistics.median(long)
     prefill = (long_prompt - SHORT_PROMPT) / max(t_long - t_short, 1e-6)
     overhead = max(0.0, t_short - SHORT_PROMPT / prefill)
     single = await _probe(cfg, prompts, [one(SHORT_PROMPT, DECODE_TOKENS)])
@@ -165,7 +175,7 @@ async def measure(cfg, prompts, long_prompt: int) -> tuple[dict, float]:
     return bench, overhead
 
 
-def calibrate(cfg, prompts, mix_prompt: list[int], mix_output: list[int], ttft: float, tpot: float,
+def calibrate(cfg, prompts: Callable[[int], object], mix_prompt: list[int], mix_output: list[int], ttft: float, tpot: float,
               objective: float, step_token_budget: int, max_batch: int) -> Calibration:
     import time
 
@@ -175,7 +185,9 @@ def calibrate(cfg, prompts, mix_prompt: list[int], mix_output: list[int], ttft: 
     from forecaster.service_model import Slo, TokenMix
 
     t0 = time.monotonic()
-    long_prompt = max(SHORT_PROMPT * 4, int(np.percentile(mix_prompt, 90)))
+    # The longest prompt of the mix (at least 256 tokens): the prefill rate is a slope, and a
+    # short one would drown it in the fixed overhead's noise.
+    long_prompt = max(256, int(max(mix_prompt)))
     bench, overhead = asyncio.run(measure(cfg, prompts, long_prompt))
     model = replace(model_from_bench(bench, step_token_budget=step_token_budget, max_batch=max_batch),
                     ttft_overhead_s=overhead)
