@@ -36,6 +36,8 @@ import json
 import time
 from pathlib import Path
 
+from sidecar import eventloop
+
 MODEL = "scripted"
 
 
@@ -235,7 +237,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     text = args.metrics_file.read_text() if args.metrics_file else None
     try:
-        asyncio.run(serve(args.host, args.port, args.ttft, args.itl, text, ready=lambda s: print(s, flush=True),
+        eventloop.run(serve(args.host, args.port, args.ttft, args.itl, text, ready=lambda s: print(s, flush=True),
                           prefill_rate=args.prefill_rate, itl_per_seq=args.itl_per_seq))
     except KeyboardInterrupt:
         pass
