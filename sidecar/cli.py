@@ -69,7 +69,6 @@ def build_config(args: argparse.Namespace):
 
 
 def run_cmd(args: argparse.Namespace) -> int:
-    import asyncio
     import logging
 
     from prometheus_client import CollectorRegistry, disable_created_metrics
@@ -98,8 +97,10 @@ def run_cmd(args: argparse.Namespace) -> int:
             raise UsageError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}; "
                              f"choose another --port") from None
 
+    from sidecar import eventloop
+
     try:
-        return asyncio.run(main())
+        return eventloop.run(main())   # uvloop when importable (sidecar/eventloop.py)
     finally:
         provider.shutdown()   # flushes spans still queued for OTLP export
         if meters is not None:
