@@ -89,8 +89,8 @@ async def open_loop(url: str, rate: float, duration: float, seed: int, tokens: i
     begin = _clock() + 0.05
     for index, offset in enumerate(schedule):
         due = begin + offset
-        delay = due - _clock()
-        if delay > 0:
+        # Never early: uvloop's timers have millisecond resolution and may fire up to 1 ms before.
+        while (delay := due - _clock()) > 0:
             await asyncio.sleep(delay)
         worst_lag = max(worst_lag, _clock() - due)
         tasks.append(loop.create_task(client.one(index, due)))

@@ -61,3 +61,24 @@ def test_summary_added_ttft_is_per_request_and_cpu_ratio_is_against_the_relay():
     assert abs(side["cpu_us_per_token"] - 15.0) < 1e-9 and abs(side["cpu_per_token_vs_relay"] - 1.5) < 1e-9
     assert doc["targets"]["paced16: sidecar added TTFT p50 ms"]["met"] is True
     assert doc["targets"]["paced16: sidecar CPU per token / relay's"]["met"] is False
+
+
+def test_litellm_that_cannot_install_is_missing_with_the_reason(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from sidecar.bench import litellm_arm
+
+    venv = tmp_path / "litellm-venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").symlink_to(sys.executable)     # an existing venv: no venv creation
+    monkeypatch.setenv("GOODPUT_CACHE", str(tmp_path))
+    monkeypatch.setattr(litellm_arm, "_pip", lambda python, *args, **kw: subprocess.CompletedProcess(
+        args, 1, "", "ERROR: No matching distribution found for litellm==1.110.2"))
+    try:
+        litellm_arm.start("http://127.0.0.1:9", (), "sk-test", progress=lambda line: None)
+    except litellm_arm.Unavailable as exc:
+        assert "No matching distribution found" in str(exc)
+    else:
+        raise AssertionError("expected Unavailable")
+    assert not (tmp_path / "litellm-venv" / ".goodput-installed").exists()   # retried on the next run
