@@ -40,7 +40,7 @@ EXPECTED = {
     "dashboards preview": ("render dashboard panels from a live Prometheus to PNG", 7),
     "rules generate": ("write the alerting and recording rules", 7),
     "bench engine": ("engine performance against its floors and transformers", 3),
-    "bench sidecar": ("sidecar overhead against a direct connection and a bare relay", 9),
+    "bench sidecar": ("what the sidecar adds: open loop, beside a bare relay and LiteLLM's proxy", 9),
     "advise": ("prompt-layout advice from request records or a trace (offline)", 18),
 }
 

@@ -38,11 +38,16 @@ def register(registry) -> None:
                         "(gen_ai.client.operation.duration, gen_ai.client.token.usage)")
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
 
-    b = registry.command("bench sidecar", "sidecar overhead against a direct connection and a bare relay", bench_cmd)
-    b.add_argument("--json", type=Path, help="write the results as JSON to this file")
-    b.add_argument("--duration", type=float, default=4.0, help="seconds per measured run (default 4)")
-    b.add_argument("--concurrency", default="1,16,64", help="concurrent streams, comma-separated (default 1,16,64)")
-    b.add_argument("--tokens", type=int, default=64, help="tokens per streamed response (default 64)")
+    b = registry.command("bench sidecar", "what the sidecar adds: open loop, beside a bare relay and LiteLLM's proxy",
+                         bench_cmd)
+    b.add_argument("--json", type=Path, help="write the results (and every run's per-request data) as JSON to this file")
+    b.add_argument("--duration", type=float, default=10.0, help="seconds of arrivals per measured run (default 10)")
+    b.add_argument("--repeats", type=int, default=3, help="interleaved repeats of every arm (default 3)")
+    b.add_argument("--scenarios", default="paced16,paced64,requests,sparse,fast64",
+                   help="comma-separated, of paced16, paced64, requests, sparse, fast64 (default: all)")
+    b.add_argument("--arms", default="direct,relay,sidecar,litellm",
+                   help="comma-separated, of direct, relay, sidecar, litellm (default: all; direct is required). "
+                        "litellm is installed on first use into $GOODPUT_CACHE/litellm-venv")
 
 
 def build_config(args: argparse.Namespace):
@@ -64,7 +69,6 @@ def build_config(args: argparse.Namespace):
 
 
 def run_cmd(args: argparse.Namespace) -> int:
-    import asyncio
     import logging
 
     from prometheus_client import CollectorRegistry, disable_created_metrics
@@ -93,8 +97,10 @@ def run_cmd(args: argparse.Namespace) -> int:
             raise UsageError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}; "
                              f"choose another --port") from None
 
+    from sidecar import eventloop
+
     try:
-        return asyncio.run(main())
+        return eventloop.run(main())   # uvloop when importable (sidecar/eventloop.py)
     finally:
         provider.shutdown()   # flushes spans still queued for OTLP export
         if meters is not None:
@@ -102,12 +108,12 @@ def run_cmd(args: argparse.Namespace) -> int:
 
 
 def bench_cmd(args: argparse.Namespace) -> int:
-    from sidecar.bench.run import run_benchmark
+    from sidecar.bench.run import parse_arms, parse_scenarios, run_benchmark
 
     try:
-        levels = tuple(int(x) for x in args.concurrency.split(",") if x.strip())
-    except ValueError:
-        raise UsageError(f"--concurrency must be comma-separated integers, got {args.concurrency!r}") from None
-    if not levels or min(levels) < 1 or args.duration <= 0 or args.tokens < 2:
-        raise UsageError("--concurrency values must be >= 1, --duration > 0 and --tokens >= 2")
-    return run_benchmark(levels, args.duration, args.tokens, args.json)
+        scenarios, arms = parse_scenarios(args.scenarios), parse_arms(args.arms)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.duration <= 0 or args.repeats < 1:
+        raise UsageError("--duration must be > 0 and --repeats >= 1")
+    return run_benchmark(scenarios, arms, args.duration, args.repeats, args.json)

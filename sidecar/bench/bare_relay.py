@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+from sidecar import eventloop
+
 
 class _Pipe(asyncio.Protocol):
     """One side of a relayed connection; writes what it receives to its peer's transport."""
@@ -84,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--upstream-host", default="127.0.0.1")
     args = p.parse_args(argv)
     try:
-        asyncio.run(serve(args.port, args.upstream_host, args.upstream_port, ready=lambda s: print(s, flush=True)))
+        eventloop.run(serve(args.port, args.upstream_host, args.upstream_port, ready=lambda s: print(s, flush=True)))
     except KeyboardInterrupt:
         pass
 

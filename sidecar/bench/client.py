@@ -1,8 +1,18 @@
-"""The benchmark's load client, run as its own process: closed-loop streams for a fixed time.
+"""The benchmark's load client, run as its own process: open-loop arrivals or closed-loop streams.
 
-Each of `--concurrency` workers sends a streaming chat request, reads it to the end (timed with
-`StreamTimer`, the same code the sidecar measures with) and sends the next, until `--duration`
-has passed. Prints one JSON line: TTFTs, tokens received, requests, errors, elapsed seconds.
+Open loop (`--rate R --duration D --seed S`): request i is sent at the i-th arrival of a Poisson
+process of rate R (seeded, so every arm sees the same schedule), whether or not earlier ones
+have finished, the way wrk2 and Nighthawk load a server. TTFT counts from the *scheduled* send
+time, so a client or server that falls behind shows up in the numbers instead of slowing the
+arrivals down (no coordinated omission). Closed loop (`--concurrency N --duration D`): N streams
+back to back, for the token rate an arm sustains.
+
+The client is lean on purpose: it uses the sidecar's own protocol-level HTTP client
+(`sidecar.upstream`), whose `data_received` hands each de-chunked read to `StreamTimer` at once,
+so a token is timed when its bytes arrive, not after a task switch.
+
+Prints one JSON document: per request `[index, ttft, gaps..., ]` (seconds), errors, unfinished
+requests (still open at the grace deadline), the worst send lag of the schedule, elapsed seconds.
 """
 
 from __future__ import annotations
@@ -10,60 +20,132 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
+import sys
 import time
 
-import aiohttp
-
 from sidecar.timing import StreamTimer
+from sidecar.upstream import UpstreamFailed, UpstreamPool
+
+_clock = time.perf_counter
 
 
-async def _worker(session: aiohttp.ClientSession, url: str, body: bytes, deadline: float, out: dict) -> None:
-    headers = {"Content-Type": "application/json"}
-    while time.perf_counter() < deadline:
-        start = time.perf_counter()
+def poisson_schedule(rate: float, duration: float, seed: int) -> list[float]:
+    """Arrival offsets (seconds from the start) of a Poisson process of `rate` per second."""
+    rng = random.Random(seed)
+    out, t = [], 0.0
+    while True:
+        t += rng.expovariate(rate)
+        if t >= duration:
+            return out
+        out.append(t)
+
+
+class Client:
+    def __init__(self, url: str, tokens: int, api_key: str = ""):
+        self.pool = UpstreamPool(url, connect_timeout=10.0, read_timeout=60.0, max_idle=1024)
+        self.body = json.dumps({"model": "scripted", "stream": True, "max_tokens": tokens,
+                                "messages": [{"role": "user", "content": "benchmark"}]}).encode()
+        self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
+        self.records: list[list[float]] = []
+        self.errors = 0
+        self.tokens = 0
+
+    async def one(self, index: int, start: float) -> None:
+        """One streamed request, timed from `start` (its scheduled time in open loop)."""
         timer = StreamTimer(start, "chat")
+        feed = timer.feed
+        conn = None
+        ok = False
         try:
-            async with session.post(url, data=body, headers=headers) as resp:
-                if resp.status != 200:
-                    await resp.read()
-                    out["errors"] += 1
-                    continue
-                async for data in resp.content.iter_any():
-                    timer.feed(data, time.perf_counter())
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-            out["errors"] += 1
-            continue
-        timing = timer.finish(time.perf_counter())
-        if timing.error is not None or timing.ttft is None:
-            out["errors"] += 1
-            continue
-        out["ttft"].append(timing.ttft)
-        out["tokens"] += len(timing.itl) + 1     # content chunks received (one token each here)
-        out["requests"] += 1
+            conn = await self.pool.request("POST", "/v1/chat/completions", self.headers, self.body)
+            if conn.head.status != 200:
+                await conn.read_body()
+            else:
+                error = await conn.start_body(lambda data: feed(data, _clock()))
+                ok = error is None
+        except (UpstreamFailed, ConnectionError, OSError):
+            ok = False
+        finally:
+            if conn is not None:
+                (self.pool.release if ok else self.pool.discard)(conn)
+        timing = timer.finish(_clock())
+        if not ok or timing.error is not None or timing.ttft is None:
+            self.errors += 1
+            return
+        self.tokens += len(timing.itl) + 1     # content chunks received (one token each here)
+        self.records.append([index, timing.ttft, *timing.itl])
 
 
-async def run(url: str, concurrency: int, duration: float, tokens: int) -> dict:
-    body = json.dumps({"model": "scripted", "stream": True, "max_tokens": tokens,
-                       "messages": [{"role": "user", "content": "benchmark"}]}).encode()
-    out = {"ttft": [], "tokens": 0, "requests": 0, "errors": 0}
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
-        start = time.perf_counter()
-        deadline = start + duration
-        await asyncio.gather(*(_worker(session, url, body, deadline, out) for _ in range(concurrency)))
-        out["elapsed"] = time.perf_counter() - start
-    return out
+async def open_loop(url: str, rate: float, duration: float, seed: int, tokens: int, grace: float,
+                    api_key: str = "") -> dict:
+    client = Client(url, tokens, api_key)
+    schedule = poisson_schedule(rate, duration, seed)
+    tasks: list[asyncio.Task] = []
+    worst_lag = 0.0
+    loop = asyncio.get_running_loop()
+    begin = _clock() + 0.05
+    for index, offset in enumerate(schedule):
+        due = begin + offset
+        # Never early: uvloop's timers have millisecond resolution and may fire up to 1 ms before.
+        while (delay := due - _clock()) > 0:
+            await asyncio.sleep(delay)
+        worst_lag = max(worst_lag, _clock() - due)
+        tasks.append(loop.create_task(client.one(index, due)))
+    # Requests still open `grace` seconds after the last arrival are counted as unfinished: an arm
+    # past its knee would otherwise keep the benchmark waiting on its queue.
+    done, pending = await asyncio.wait(tasks, timeout=grace) if tasks else (set(), set())
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    elapsed = _clock() - begin
+    await client.pool.close()
+    return {"mode": "open", "rate": rate, "scheduled": len(schedule), "requests": client.records,
+            "errors": client.errors, "unfinished": len(pending), "tokens": client.tokens,
+            "worst_send_lag_s": worst_lag, "elapsed": elapsed}
+
+
+async def closed_loop(url: str, concurrency: int, duration: float, tokens: int, api_key: str = "") -> dict:
+    client = Client(url, tokens, api_key)
+    begin = _clock()
+    deadline = begin + duration
+    counter = iter(range(1 << 30))
+
+    async def worker() -> None:
+        while _clock() < deadline:
+            await client.one(next(counter), _clock())
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed = _clock() - begin
+    await client.pool.close()
+    return {"mode": "closed", "concurrency": concurrency, "requests": client.records, "errors": client.errors,
+            "unfinished": 0, "tokens": client.tokens, "worst_send_lag_s": 0.0, "elapsed": elapsed}
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="closed-loop streaming load client for goodput bench sidecar")
+    p = argparse.ArgumentParser(description="open- or closed-loop streaming load client for goodput bench sidecar")
     p.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8080")
-    p.add_argument("--concurrency", type=int, default=1)
+    p.add_argument("--rate", type=float, default=0.0, help="open loop: Poisson arrivals per second")
+    p.add_argument("--seed", type=int, default=0, help="open loop: schedule seed (same seed, same schedule)")
+    p.add_argument("--grace", type=float, default=15.0, help="open loop: seconds to wait after the last arrival")
+    p.add_argument("--concurrency", type=int, default=0, help="closed loop: streams back to back")
     p.add_argument("--duration", type=float, default=5.0)
     p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--api-key", default="", help="sent as a bearer token (LiteLLM's proxy wants one)")
     args = p.parse_args(argv)
-    result = asyncio.run(run(args.url.rstrip("/") + "/v1/chat/completions", args.concurrency, args.duration, args.tokens))
-    print(json.dumps(result))
+    from sidecar.eventloop import new_event_loop
+    url = args.url.rstrip("/")
+    if args.rate > 0:
+        coro = open_loop(url, args.rate, args.duration, args.seed, args.tokens, args.grace, args.api_key)
+    elif args.concurrency > 0:
+        coro = closed_loop(url, args.concurrency, args.duration, args.tokens, args.api_key)
+    else:
+        sys.exit("give --rate (open loop) or --concurrency (closed loop)")
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        result = runner.run(coro)
+    json.dump(result, sys.stdout, separators=(",", ":"))
 
 
 if __name__ == "__main__":

@@ -4,146 +4,194 @@ from __future__ import annotations
 
 import os
 import platform
-import statistics
 from dataclasses import dataclass, field
 
-PATHS = ("direct", "relay", "sidecar")
+from sidecar.bench.stats import bootstrap_quantile, gap_quantile_difference, paired_differences, quantile
 
-# The issue's targets.
-TARGET_ADDED_TTFT_P50_MS = 0.5
-TARGET_ADDED_TTFT_P99_MS = 2.0
-TARGET_CPU_RATIO = 1.5
-TARGET_RATE_RATIO = 0.9
+# The issue's targets (#16).
+TARGET_ADDED_TTFT_P50_MS = 0.3
+TARGET_ADDED_TTFT_P99_MS = 1.0
+TARGET_CPU_RATIO = 1.3           # sidecar CPU per relayed token over the bare relay's
+TARGET_CPU_PER_REQUEST_US = 150.0
+TARGET_RATE_RATIO = 0.95
+TARGET_LITELLM_FACTOR = 10.0
 
 
 @dataclass
 class Run:
-    upstream: str
-    path: str
-    concurrency: int
+    """One measured run: one arm, one scenario, one repeat (one arrival schedule)."""
+
+    scenario: str
+    arm: str
     repeat: int
-    tokens: int
-    requests: int
+    records: list[list[float]] = field(repr=False)   # [index, ttft, gap, gap, ...] per completed request
+    scheduled: int
     errors: int
+    unfinished: int
+    tokens: int
     elapsed: float
-    ttft: list[float] = field(repr=False)
-    cpu_upstream: float = 0.0     # seconds of CPU over the run
-    cpu_middle: float = 0.0       # the relay's or the sidecar's (0 for direct)
+    cpu_arm: float = 0.0          # seconds of CPU of the arm's process(es) over the run (0 for direct)
+    cpu_upstream: float = 0.0
     cpu_client: float = 0.0
+    loadavg_1m: float = 0.0       # at the end of the run
+    worst_send_lag: float = 0.0   # how late the client sent its most delayed request
 
 
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+def _ms(x):
+    return None if x is None else x * 1e3
 
 
-def _cell(runs: list[Run]) -> dict:
-    ttfts = [t for r in runs for t in r.ttft]
-    tokens = sum(r.tokens for r in runs)
+def _ms_pair(pair):
+    return None if pair is None else [pair[0] * 1e3, pair[1] * 1e3]
 
-    def per_token_us(attr: str) -> float | None:
-        return 1e6 * sum(getattr(r, attr) for r in runs) / tokens if tokens else None
 
-    p50, p99 = _pct(ttfts, 0.5), _pct(ttfts, 0.99)
-    return {
-        "tokens_per_s": statistics.fmean(r.tokens / r.elapsed for r in runs),
-        "ttft_p50_ms": p50 * 1e3 if p50 is not None else None,
-        "ttft_p99_ms": p99 * 1e3 if p99 is not None else None,
-        "ttft_samples": len(ttfts),
-        "requests": sum(r.requests for r in runs),
-        "errors": sum(r.errors for r in runs),
-        "tokens": tokens,
-        "cpu_us_per_token_middle": per_token_us("cpu_middle"),
-        "cpu_us_per_token_upstream": per_token_us("cpu_upstream"),
-        "cpu_us_per_token_client": per_token_us("cpu_client"),
+def _cell(runs: list[Run], direct: list[Run] | None, arm: str) -> dict:
+    ttfts = [r[1] for run in runs for r in run.records]
+    gaps = [g for run in runs for r in run.records for g in r[2:]]
+    requests = sum(len(run.records) for run in runs)
+    tokens = sum(run.tokens for run in runs)
+    elapsed = sum(run.elapsed for run in runs)
+    cpu = sum(run.cpu_arm for run in runs)
+    out = {
+        "requests": requests, "scheduled": sum(run.scheduled for run in runs),
+        "errors": sum(run.errors for run in runs), "unfinished": sum(run.unfinished for run in runs),
+        "tokens": tokens, "tokens_per_s": tokens / elapsed if elapsed else None,
+        "ttft_p50_ms": _ms(quantile(ttfts, 0.5)), "ttft_p99_ms": _ms(quantile(ttfts, 0.99)),
+        "gap_p50_ms": _ms(quantile(gaps, 0.5)), "gap_p99_ms": _ms(quantile(gaps, 0.99)),
+        "cpu_us_per_request": 1e6 * cpu / requests if requests and arm != "direct" else None,
+        "cpu_us_per_token": 1e6 * cpu / tokens if tokens and arm != "direct" else None,
+        "cpu_us_per_token_upstream": 1e6 * sum(r.cpu_upstream for r in runs) / tokens if tokens else None,
+        "cpu_us_per_token_client": 1e6 * sum(r.cpu_client for r in runs) / tokens if tokens else None,
+        "loadavg_1m": [min(r.loadavg_1m for r in runs), max(r.loadavg_1m for r in runs)],
+        "worst_send_lag_ms": 1e3 * max(r.worst_send_lag for r in runs),
         "repeats": len(runs),
     }
-
-
-def _diff(a, b):
-    return None if a is None or b is None else a - b
-
-
-def _ratio(a, b):
-    return None if a is None or not b else a / b
-
-
-def summarise(runs: list[Run], duration: float, tokens: int, loadavg: tuple | None = None) -> dict:
-    cells: dict = {}
-    for r in runs:
-        cells.setdefault(r.upstream, {}).setdefault(str(r.concurrency), {}).setdefault(r.path, []).append(r)
-    results = {u: {c: {p: _cell(rs) for p, rs in by_path.items()} for c, by_path in by_c.items()} for u, by_c in cells.items()}
-    comparisons = {}
-    for u, by_c in results.items():
-        for c, cell in by_c.items():
-            d, rl, sc = cell["direct"], cell["relay"], cell["sidecar"]
-            comparisons.setdefault(u, {})[c] = {
-                "sidecar_added_ttft_p50_ms": _diff(sc["ttft_p50_ms"], d["ttft_p50_ms"]),
-                "sidecar_added_ttft_p99_ms": _diff(sc["ttft_p99_ms"], d["ttft_p99_ms"]),
-                "relay_added_ttft_p50_ms": _diff(rl["ttft_p50_ms"], d["ttft_p50_ms"]),
-                "relay_added_ttft_p99_ms": _diff(rl["ttft_p99_ms"], d["ttft_p99_ms"]),
-                "sidecar_over_relay_cpu_per_token": _ratio(sc["cpu_us_per_token_middle"], rl["cpu_us_per_token_middle"]),
-                "sidecar_over_direct_token_rate": _ratio(sc["tokens_per_s"], d["tokens_per_s"]),
-                "relay_over_direct_token_rate": _ratio(rl["tokens_per_s"], d["tokens_per_s"]),
-            }
-    return {
-        "benchmark": "goodput bench sidecar",
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-                    # 1-minute load average before and after: other work on a shared machine skews every figure.
-                    "loadavg_1m_before_after": list(loadavg) if loadavg else None},
-        "settings": {"duration_s": duration, "tokens_per_request": tokens, "upstreams": {
-            "paced": "first token after 5 ms, then one every 5 ms per stream", "fast": "tokens as fast as the loop allows"}},
-        "results": results,
-        "comparisons": comparisons,
-        "targets": _targets(comparisons),
-    }
-
-
-def _targets(comparisons: dict) -> dict:
-    out = {}
-    paced = comparisons.get("paced", {})
-    if "16" in paced:
-        c = paced["16"]
-        out["added_ttft_p50_ms_at_16_under_0.5"] = _check(c["sidecar_added_ttft_p50_ms"], TARGET_ADDED_TTFT_P50_MS, "<")
-        out["added_ttft_p99_ms_at_16_under_2"] = _check(c["sidecar_added_ttft_p99_ms"], TARGET_ADDED_TTFT_P99_MS, "<")
-    for u, by_c in comparisons.items():
-        for level, c in by_c.items():
-            out[f"cpu_per_token_ratio_{u}_{level}_within_1.5x"] = _check(c["sidecar_over_relay_cpu_per_token"], TARGET_CPU_RATIO, "<=")
-        if "64" in by_c:
-            out[f"token_rate_ratio_{u}_64_at_least_0.9"] = _check(by_c["64"]["sidecar_over_direct_token_rate"], TARGET_RATE_RATIO, ">=")
+    if direct is not None and arm != "direct":
+        diffs = []
+        for run in runs:
+            base = next((d for d in direct if d.repeat == run.repeat), None)
+            if base is not None:
+                diffs += paired_differences({r[0]: r[1] for r in run.records}, {r[0]: r[1] for r in base.records})
+        arm_streams = [r[2:] for run in runs for r in run.records]
+        direct_streams = [r[2:] for run in direct for r in run.records]
+        g50, g50_ci = gap_quantile_difference(arm_streams, direct_streams, 0.5)
+        g99, g99_ci = gap_quantile_difference(arm_streams, direct_streams, 0.99)
+        direct_rate = sum(d.tokens for d in direct) / sum(d.elapsed for d in direct) if direct else None
+        out.update({
+            "paired_requests": len(diffs),
+            "added_ttft_p50_ms": _ms(quantile(diffs, 0.5)), "added_ttft_p50_ci_ms": _ms_pair(bootstrap_quantile(diffs, 0.5)),
+            "added_ttft_p99_ms": _ms(quantile(diffs, 0.99)), "added_ttft_p99_ci_ms": _ms_pair(bootstrap_quantile(diffs, 0.99)),
+            "added_gap_p50_ms": _ms(g50), "added_gap_p50_ci_ms": _ms_pair(g50_ci),
+            "added_gap_p99_ms": _ms(g99), "added_gap_p99_ci_ms": _ms_pair(g99_ci),
+            "rate_vs_direct": out["tokens_per_s"] / direct_rate if direct_rate and out["tokens_per_s"] else None,
+        })
+    # Past its knee an arm leaves requests unanswered at the deadline or fails them.
+    out["saturated"] = out["unfinished"] > 0 or out["errors"] > 0.02 * max(1, out["scheduled"] or requests)
     return out
 
 
-def _check(value, target, op) -> dict:
+def summarise(runs: list[Run], scenarios: dict, settings: dict, missing: dict[str, str], cores: str) -> dict:
+    by: dict[str, dict[str, list[Run]]] = {}
+    for run in runs:
+        by.setdefault(run.scenario, {}).setdefault(run.arm, []).append(run)
+    results = {}
+    for name, arms in by.items():
+        direct = arms.get("direct")
+        results[name] = {arm: _cell(rs, direct, arm) for arm, rs in arms.items()}
+        relay = results[name].get("relay", {}).get("cpu_us_per_token")
+        for arm, cell in results[name].items():
+            cell["cpu_per_token_vs_relay"] = (cell["cpu_us_per_token"] / relay
+                                              if relay and cell.get("cpu_us_per_token") is not None else None)
+    return {
+        "benchmark": "goodput bench sidecar",
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+                    "pinning": cores},
+        "settings": settings,
+        "scenarios": scenarios,
+        "missing_arms": missing,
+        "results": results,
+        "targets": targets(results),
+    }
+
+
+def _check(value, target: float, op: str) -> dict:
     met = None if value is None else (value < target if op == "<" else value <= target if op == "<=" else value >= target)
-    return {"value": value, "target": f"{op} {target}", "met": met}
+    return {"value": value, "target": f"{op} {target:g}", "met": met}
+
+
+def targets(results: dict) -> dict:
+    out = {}
+    for name in ("paced16", "paced64"):
+        side = results.get(name, {}).get("sidecar")
+        if side is None:
+            continue
+        out[f"{name}: sidecar added TTFT p50 ms"] = _check(side.get("added_ttft_p50_ms"), TARGET_ADDED_TTFT_P50_MS, "<")
+        out[f"{name}: sidecar added TTFT p99 ms"] = _check(side.get("added_ttft_p99_ms"), TARGET_ADDED_TTFT_P99_MS, "<")
+        lite = results[name].get("litellm")
+        if lite is not None:
+            out[f"{name}: LiteLLM added TTFT p50 / sidecar's"] = _check(
+                _factor(lite.get("added_ttft_p50_ms"), side.get("added_ttft_p50_ms")), TARGET_LITELLM_FACTOR, ">=")
+            out[f"{name}: LiteLLM CPU per token / sidecar's"] = _check(
+                _factor(lite.get("cpu_us_per_token"), side.get("cpu_us_per_token")), TARGET_LITELLM_FACTOR, ">=")
+    for name, arms in results.items():
+        side = arms.get("sidecar")
+        if side is None:
+            continue
+        if name == "requests":
+            out["requests: sidecar CPU per request µs"] = _check(side.get("cpu_us_per_request"), TARGET_CPU_PER_REQUEST_US, "<=")
+            continue
+        out[f"{name}: sidecar CPU per token / relay's"] = _check(side.get("cpu_per_token_vs_relay"), TARGET_CPU_RATIO, "<=")
+        if name in ("paced64", "fast64"):
+            out[f"{name}: sidecar token rate / direct"] = _check(side.get("rate_vs_direct"), TARGET_RATE_RATIO, ">=")
+    return out
+
+
+def _factor(theirs, ours):
+    """How many times `theirs` is `ours`; an added cost of ours at or below zero is infinitely smaller."""
+    if theirs is None or ours is None:
+        return None
+    if ours <= 0:
+        return float("inf") if theirs > 0 else None
+    return theirs / ours
 
 
 def _f(value, fmt="{:.2f}") -> str:
     return "-" if value is None else fmt.format(value)
 
 
+def _ci(cell: dict, key: str) -> str:
+    value, ci = cell.get(key), cell.get(key.replace("_ms", "_ci_ms"))
+    if value is None:
+        return "-"
+    return f"{value:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else f"{value:.2f}"
+
+
 def print_table(doc: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="goodput bench sidecar (CPU µs per relayed token; TTFT ms as the client saw it)")
-    for col in ("upstream", "streams", "path", "tokens/s", "TTFT p50", "TTFT p99", "added p50", "added p99",
-                "CPU/tok middle", "CPU/tok upstream", "rate vs direct"):
-        table.add_column(col, justify="right")
-    for u, by_c in doc["results"].items():
-        for c, cell in by_c.items():
-            comp = doc["comparisons"][u][c]
-            for p in PATHS:
-                x = cell[p]
-                added = (comp.get(f"{p}_added_ttft_p50_ms"), comp.get(f"{p}_added_ttft_p99_ms")) if p != "direct" else (None, None)
-                rate = comp.get(f"{p}_over_direct_token_rate") if p != "direct" else None
-                table.add_row(u, c, p, _f(x["tokens_per_s"], "{:.0f}"), _f(x["ttft_p50_ms"]), _f(x["ttft_p99_ms"]),
-                              _f(added[0]), _f(added[1]), _f(x["cpu_us_per_token_middle"] if p != "direct" else None, "{:.1f}"),
-                              _f(x["cpu_us_per_token_upstream"], "{:.1f}"), _f(rate, "{:.0%}"))
-    Console(width=170).print(table)
+    console = Console(width=200)
+    console.print(f"pinning: {doc['machine']['pinning']}")
+    for name, arms in doc["results"].items():
+        sc = doc["scenarios"].get(name, {})
+        table = Table(title=f"{name}: {sc.get('description', '')}", title_justify="left")
+        for col in ("arm", "done", "TTFT p50", "TTFT p99", "added TTFT p50 [95% CI]", "added TTFT p99 [95% CI]",
+                    "added gap p50", "added gap p99", "tok/s", "vs direct", "CPU µs/req", "CPU µs/tok", "vs relay",
+                    "load 1m"):
+            table.add_column(col, justify="right")
+        for arm, c in arms.items():
+            done = f"{c['requests']}/{c['scheduled'] or c['requests']}" + (" SAT" if c["saturated"] else "")
+            table.add_row(arm, done, _f(c["ttft_p50_ms"]), _f(c["ttft_p99_ms"]), _ci(c, "added_ttft_p50_ms"),
+                          _ci(c, "added_ttft_p99_ms"), _f(c.get("added_gap_p50_ms"), "{:.3f}"),
+                          _f(c.get("added_gap_p99_ms"), "{:.3f}"), _f(c["tokens_per_s"], "{:.0f}"),
+                          _f(c.get("rate_vs_direct"), "{:.1%}"), _f(c["cpu_us_per_request"], "{:.0f}"),
+                          _f(c["cpu_us_per_token"], "{:.1f}"), _f(c.get("cpu_per_token_vs_relay"), "{:.2f}x"),
+                          f"{c['loadavg_1m'][0]:.2f}-{c['loadavg_1m'][1]:.2f}")
+        console.print(table)
+    for arm, why in doc["missing_arms"].items():
+        console.print(f"arm {arm} missing: {why}")
+    console.print("(times in ms: TTFT from the scheduled send; added = through the arm minus direct, per request "
+                  "of the same schedule; SAT = requests unfinished or failing: past the arm's knee)")
     for name, check in doc["targets"].items():
-        mark = "met" if check["met"] else ("not met" if check["met"] is False else "n/a")
-        print(f"  {name}: {_f(check['value'], '{:.3f}')} (target {check['target']}) {mark}")
+        mark = "met" if check["met"] else ("NOT met" if check["met"] is False else "n/a")
+        console.print(f"  {name}: {_f(check['value'], '{:.3f}')} (target {check['target']}) {mark}")

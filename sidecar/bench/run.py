@@ -1,10 +1,19 @@
-"""`goodput bench sidecar`: the sidecar's cost against a direct connection and a bare relay.
+"""`goodput bench sidecar`: what the sidecar adds, measured open loop beside a relay and LiteLLM.
 
-Two scripted upstreams (paced: a token every 5 ms per stream, like a fast GPU; fast: as fast as
-the loop allows), each reached three ways (direct, through the bare asyncio relay, through the
-sidecar), at each concurrency. Every component is its own process, so CPU time per process is
-read from the OS (psutil) around each run. Runs go direct, relay, sidecar and then in reverse
-order, and the two repeats are averaged, so slow drift of the machine hits all three alike.
+Method (Envoy's Nighthawk, Istio's and wrk2's): open-loop Poisson arrivals at fixed rates below
+the knee, so a slow arm cannot slow its own load down (no coordinated omission); the rate is set
+by Little's law to give the wanted number of concurrent streams. Every arm is loaded with the
+same arrival schedule as the direct path in the same repeat, so added TTFT is taken per request
+(arm minus direct, request by request) and reported with bootstrap 95 % intervals. Arms run
+interleaved, in a rotated order per repeat, each repeat with its own schedule. CPU per request
+and per token comes from the kernel for each process (psutil), with the arm pinned to its own
+core where the machine has two or more, and the 1-minute load average is kept with every run.
+
+Scenarios (`SCENARIOS`): paced streams (a token every 20 ms, as a GPU decoding a batch) at 16
+and 64 concurrent streams; one-token requests for the CPU cost per request; the sparse pattern
+(256 streams at a token every 100 ms: every token its own read and write, the wake-up pattern
+of hundreds of streams on a GPU replica); and the fast upstream (tokens as fast as its loop
+allows), closed loop at 64 streams, for the token rate each arm sustains.
 """
 
 from __future__ import annotations
@@ -12,125 +21,143 @@ from __future__ import annotations
 import json
 import os
 import resource
-import socket
+import secrets
 import subprocess
 import sys
 import time
-import urllib.request
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import psutil
+from sidecar.bench.arms import ARMS, CorePlan, Stack, pin, start_stack
+from sidecar.bench.report import Run, print_table, summarise
 
-from sidecar.bench.report import PATHS, Run, print_table, summarise
-
-UPSTREAMS = {"paced": {"ttft": 0.005, "itl": 0.005}, "fast": {"ttft": 0.0, "itl": 0.0}}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+_FIXTURE = Path(__file__).resolve().parents[2] / "tests" / "sidecar" / "fixtures" / "vllm_v1_new.txt"
 
 
-class _Proc:
-    def __init__(self, name: str, args: list[str], ready_url: str):
-        self.name = name
-        self.proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self.ps = psutil.Process(self.proc.pid)
-        deadline = time.monotonic() + 30
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{name} exited: {self.proc.stderr.read().decode(errors='replace')[-2000:]}")
-            try:
-                urllib.request.urlopen(ready_url, timeout=1).close()
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{name} did not answer {ready_url}")
-                time.sleep(0.1)
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    ttft: float            # the scripted upstream's first-token delay (s)
+    itl: float             # its gap between tokens (s); 0 = as fast as its loop allows
+    tokens: int            # tokens per response
+    streams: int           # concurrent streams wanted
+    closed: bool = False   # closed loop (token rate) instead of open-loop arrivals
+    description: str = ""
 
-    def cpu(self) -> float:
-        t = self.ps.cpu_times()
-        return t.user + t.system
+    @property
+    def stream_seconds(self) -> float:
+        return self.ttft + (self.tokens - 1) * self.itl
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+    @property
+    def rate(self) -> float:
+        """Arrivals per second that keep `streams` streams open on average (Little's law)."""
+        return self.streams / self.stream_seconds if self.stream_seconds > 0 else 0.0
 
 
-def _start_stack(kind: str) -> dict[str, tuple[str, _Proc | None]]:
-    """One upstream, a bare relay and a sidecar in front of it: path -> (base URL, process in the middle)."""
-    up_port, relay_port, side_port = _free_port(), _free_port(), _free_port()
-    cfg = UPSTREAMS[kind]
-    up = _Proc(f"{kind} upstream", ["-m", "sidecar.bench.scripted_upstream", "--port", str(up_port),
-                                    "--ttft", str(cfg["ttft"]), "--itl", str(cfg["itl"])],
-               f"http://127.0.0.1:{up_port}/health")
-    relay = _Proc("bare relay", ["-m", "sidecar.bench.bare_relay", "--port", str(relay_port), "--upstream-port", str(up_port)],
-                  f"http://127.0.0.1:{relay_port}/health")
-    side = _Proc("sidecar", ["-m", "goodput_cli", "sidecar", "run", "--upstream", f"http://127.0.0.1:{up_port}",
-                             "--port", str(side_port), "--models", "scripted"],
-                 f"http://127.0.0.1:{side_port}/healthz")
-    return {"upstream": (f"http://127.0.0.1:{up_port}", up), "direct": (f"http://127.0.0.1:{up_port}", None),
-            "relay": (f"http://127.0.0.1:{relay_port}", relay), "sidecar": (f"http://127.0.0.1:{side_port}", side)}
+SCENARIOS = {s.name: s for s in (
+    Scenario("paced16", 0.02, 0.02, 32, 16, description="16 paced streams, open loop: 32 tokens at 20 ms"),
+    Scenario("paced64", 0.02, 0.02, 32, 64, description="64 paced streams, open loop: 32 tokens at 20 ms"),
+    Scenario("requests", 0.02, 0.02, 1, 1, description="one-token requests, open loop at 50/s: CPU per request"),
+    Scenario("sparse", 0.02, 0.1, 64, 256, description="sparse: 256 streams, a token every 100 ms, each its own read"),
+    Scenario("fast64", 0.0, 0.0, 64, 64, closed=True, description="fast upstream, 64 streams closed loop: token rate"),
+)}
+_REQUESTS_RATE = 50.0
 
 
-def _client(url: str, concurrency: int, duration: float, tokens: int) -> tuple[dict, float]:
-    """Run the load client process; returns its result and its CPU seconds (from the kernel's rusage)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run([sys.executable, "-m", "sidecar.bench.client", "--url", url, "--concurrency", str(concurrency),
-                           "--duration", str(duration), "--tokens", str(tokens)], capture_output=True)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+def _rate(sc: Scenario) -> float:
+    return _REQUESTS_RATE if sc.name == "requests" else sc.rate
+
+
+# Sent to every arm alike (LiteLLM's proxy refuses to start without a strong master key).
+_API_KEY = "sk-goodput-bench-" + secrets.token_hex(16)
+
+
+def _client_argv(url: str, sc: Scenario, duration: float, seed: int) -> list[str]:
+    argv = [sys.executable, "-m", "sidecar.bench.client", "--url", url, "--tokens", str(sc.tokens),
+            "--duration", str(duration), "--api-key", _API_KEY]
+    if sc.closed:
+        return argv + ["--concurrency", str(sc.streams)]
+    return argv + ["--rate", f"{_rate(sc):.6g}", "--seed", str(seed), "--grace", str(max(10.0, 3 * sc.stream_seconds))]
+
+
+def _measure(stack: Stack, sc: Scenario, arm: str, repeat: int, duration: float, plan: CorePlan) -> Run:
+    middle = stack.procs.get(arm)
+    before = (stack.upstream.cpu(), middle.cpu() if middle else 0.0, resource.getrusage(resource.RUSAGE_CHILDREN))
+    proc = subprocess.Popen(_client_argv(stack.urls[arm], sc, duration, seed=1000 * repeat + 17),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    pin(proc.pid, plan.load)
+    out, err = proc.communicate()
+    after = (stack.upstream.cpu(), middle.cpu() if middle else 0.0, resource.getrusage(resource.RUSAGE_CHILDREN))
     if proc.returncode != 0:
-        raise RuntimeError(f"load client failed: {proc.stderr.decode(errors='replace')[-2000:]}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return json.loads(proc.stdout), cpu
+        raise RuntimeError(f"load client failed: {err.decode(errors='replace')[-2000:]}")
+    doc = json.loads(out)
+    client_cpu = (after[2].ru_utime - before[2].ru_utime) + (after[2].ru_stime - before[2].ru_stime)
+    return Run(scenario=sc.name, arm=arm, repeat=repeat, records=doc["requests"],
+               scheduled=doc.get("scheduled", len(doc["requests"]) + doc["errors"]), errors=doc["errors"],
+               unfinished=doc["unfinished"], tokens=doc["tokens"], elapsed=doc["elapsed"],
+               cpu_arm=after[1] - before[1], cpu_upstream=after[0] - before[0], cpu_client=client_cpu,
+               loadavg_1m=os.getloadavg()[0], worst_send_lag=doc["worst_send_lag_s"])
 
 
-def _measure(stack, path: str, upstream: str, concurrency: int, duration: float, tokens: int, repeat: int) -> Run:
-    url, middle = stack[path]
-    up = stack["upstream"][1]
-    before_up, before_mid = up.cpu(), middle.cpu() if middle else 0.0
-    result, client_cpu = _client(url, concurrency, duration, tokens)
-    after_up, after_mid = up.cpu(), middle.cpu() if middle else 0.0
-    return Run(upstream=upstream, path=path, concurrency=concurrency, repeat=repeat, tokens=result["tokens"],
-               requests=result["requests"], errors=result["errors"], elapsed=result["elapsed"], ttft=result["ttft"],
-               cpu_upstream=after_up - before_up, cpu_middle=after_mid - before_mid, cpu_client=client_cpu)
-
-
-def run_benchmark(levels: tuple[int, ...], duration: float, tokens: int, json_path: Path | None,
-                  repeats: int = 2) -> int:
+def run_benchmark(scenarios: tuple[str, ...], arms: tuple[str, ...], duration: float, repeats: int,
+                  json_path: Path | None) -> int:
     from rich.progress import Progress
 
+    plan = CorePlan.for_machine()
+    pin(os.getpid(), plan.load)      # the orchestrator mostly sleeps, but never on the arm's core
+    print(f"goodput bench sidecar: {plan.describe()}; load average now {os.getloadavg()[0]:.2f}", flush=True)
+    chosen = [SCENARIOS[n] for n in scenarios]
     runs: list[Run] = []
-    load_before = os.getloadavg()[0]
-    total = len(UPSTREAMS) * len(levels) * len(PATHS) * repeats
+    missing: dict[str, str] = {}
+    stacks: dict[tuple[float, float], list[Scenario]] = {}
+    for sc in chosen:      # scenarios sharing an upstream share its processes
+        stacks.setdefault((sc.ttft, sc.itl), []).append(sc)
     with Progress(transient=True) as progress:
-        task = progress.add_task("benchmark", total=total)
-        for upstream in UPSTREAMS:
-            stack = _start_stack(upstream)
+        task = progress.add_task("benchmark", total=len(chosen) * len(arms) * repeats)
+        for (ttft, itl), group in stacks.items():
+            progress.update(task, description=f"starting upstream (ttft {ttft}, itl {itl}) and arms")
+            stack = start_stack(ttft, itl, plan, arms, str(_FIXTURE) if _FIXTURE.exists() else None,
+                                _API_KEY)
+            missing.update(stack.missing)
+            present = tuple(a for a in arms if a in stack.urls)
             try:
-                for path in PATHS:   # warm-up: imports, pooled connections, first-request costs
-                    _client(stack[path][0], 4, 0.5, tokens)
-                for concurrency in levels:
+                for arm in present:   # warm-up: imports, pooled connections, first-request costs
+                    _measure(stack, group[0], arm, -1, 1.0, plan)
+                for sc in group:
                     for repeat in range(repeats):
-                        order = PATHS if repeat % 2 == 0 else tuple(reversed(PATHS))
-                        for path in order:
-                            progress.update(task, description=f"{upstream} x{concurrency} {path}")
-                            runs.append(_measure(stack, path, upstream, concurrency, duration, tokens, repeat))
+                        order = present[repeat % len(present):] + present[:repeat % len(present)]
+                        for arm in order:
+                            progress.update(task, description=f"{sc.name} repeat {repeat + 1}/{repeats}: {arm}")
+                            # Long streams need a longer window to spend most of it at full concurrency.
+                            runs.append(_measure(stack, sc, arm, repeat, max(duration, 2 * sc.stream_seconds), plan))
                             progress.advance(task)
+                    progress.advance(task, (len(arms) - len(present)) * repeats)
             finally:
-                for _, proc in stack.values():
-                    if proc is not None:
-                        proc.stop()
-    doc = summarise(runs, duration, tokens, (load_before, os.getloadavg()[0]))
+                stack.stop()
+    settings = {"duration_s": duration, "repeats": repeats, "arms": list(arms),
+                "event_loop": os.environ.get("GOODPUT_EVENT_LOOP", "auto (uvloop when importable)")}
+    described = {sc.name: {**asdict(sc), "rate_per_s": None if sc.closed else _rate(sc)} for sc in chosen}
+    doc = summarise(runs, described, settings, missing, plan.describe())
     print_table(doc)
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        doc_out = dict(doc, runs=[asdict(r) for r in runs])
+        json_path.write_text(json.dumps(doc_out, indent=1, sort_keys=True) + "\n")
         print(f"wrote {json_path}")
     return 0
+
+
+def parse_arms(text: str) -> tuple[str, ...]:
+    arms = tuple(a.strip() for a in text.split(",") if a.strip())
+    bad = [a for a in arms if a not in ARMS]
+    if bad or "direct" not in arms:
+        raise ValueError(f"--arms must name some of {', '.join(ARMS)} and include direct, got {text!r}")
+    return arms
+
+
+def parse_scenarios(text: str) -> tuple[str, ...]:
+    names = tuple(s.strip() for s in text.split(",") if s.strip())
+    bad = [n for n in names if n not in SCENARIOS]
+    if bad or not names:
+        raise ValueError(f"--scenarios must name some of {', '.join(SCENARIOS)}, got {text!r}")
+    return names

@@ -36,6 +36,8 @@ import json
 import time
 from pathlib import Path
 
+from sidecar import eventloop
+
 MODEL = "scripted"
 
 
@@ -110,7 +112,7 @@ class Upstream:
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n_chunks * per_chunk,
                  "total_tokens": prompt_tokens + n_chunks * per_chunk}
         if not req.get("stream"):
-            await asyncio.sleep(max(0.0, start + ttft + (n_chunks - 1) * itl - time.perf_counter()))
+            await _sleep_until(start + ttft + (n_chunks - 1) * itl)
             text = "".join(f"t{i} " for i in range(n_chunks))
             choice = {"index": 0, "message": {"role": "assistant", "content": text}} if chat else {"index": 0, "text": text}
             choice["finish_reason"] = "length"
@@ -178,9 +180,8 @@ class Upstream:
                 break
             if i:
                 due += itl + self.itl_per_seq * self.decoding
-            delay = due - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            if due > time.perf_counter():
+                await _sleep_until(due)
             elif itl == 0:
                 await asyncio.sleep(0)   # as fast as possible, but let other streams run
             body = pre + f"t{i} ".encode() + post
@@ -193,6 +194,13 @@ class Upstream:
             if writer.transport.is_closing():
                 raise ConnectionError("client went away")
         return True
+
+
+async def _sleep_until(due: float) -> None:
+    """Sleep until perf_counter() reaches `due`, never less: uvloop's timers have millisecond
+    resolution and fire up to 1 ms early, which would break the promise of exact timings."""
+    while (delay := due - time.perf_counter()) > 0:
+        await asyncio.sleep(delay)
 
 
 def _prompt_chars(req: dict) -> int:
@@ -235,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     text = args.metrics_file.read_text() if args.metrics_file else None
     try:
-        asyncio.run(serve(args.host, args.port, args.ttft, args.itl, text, ready=lambda s: print(s, flush=True),
+        eventloop.run(serve(args.host, args.port, args.ttft, args.itl, text, ready=lambda s: print(s, flush=True),
                           prefill_rate=args.prefill_rate, itl_per_seq=args.itl_per_seq))
     except KeyboardInterrupt:
         pass

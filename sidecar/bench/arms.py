@@ -1,0 +1,166 @@
+"""The processes of `goodput bench sidecar`: the scripted upstream and the arms in front of it.
+
+Arms: `direct` (the client talks to the upstream), `relay` (`bare_relay.py`, bytes only: the
+floor for a Python relay), `sidecar` (`goodput sidecar run`, default settings: engine-metrics
+scrape on, every metric recorded) and `litellm` (LiteLLM's proxy, the gateway a Python user
+would otherwise pick; see `litellm_arm.py`). Every one is its own process, so the kernel's CPU
+accounting (psutil, children included) tells what each costs, and each is pinned to cores
+(`CorePlan`) where the machine has more than one.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+
+import psutil
+
+ARMS = ("direct", "relay", "sidecar", "litellm")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class CorePlan:
+    """Which cores the load side (upstream and client) and the arm under test run on."""
+
+    load: tuple[int, ...]
+    arm: tuple[int, ...]
+
+    @staticmethod
+    def for_machine() -> "CorePlan":
+        cores = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else ()
+        if len(cores) >= 2:
+            # Two cores (this machine): upstream and client share one, the arm has the other to itself.
+            # With more, the arm still gets one core: a sidecar is one event loop.
+            half = max(1, len(cores) - 1) if len(cores) <= 3 else len(cores) // 2
+            return CorePlan(load=cores[:half], arm=cores[half:half + 1])
+        return CorePlan(load=(), arm=())
+
+    def describe(self) -> str:
+        if not self.arm:
+            return "not pinned (one core available): upstream, client and arm share it"
+        return (f"upstream and load client pinned to core(s) {','.join(map(str, self.load))}, "
+                f"the arm under test to core {','.join(map(str, self.arm))}")
+
+
+def pin(pid: int, cores: tuple[int, ...]) -> None:
+    if cores:
+        try:
+            psutil.Process(pid).cpu_affinity(list(cores))
+        except (psutil.Error, OSError, AttributeError):
+            pass    # unsupported here: the run is still valid, just noisier
+
+
+class Proc:
+    """A child process that answers `ready_url` once started; CPU read from the kernel."""
+
+    def __init__(self, name: str, argv: list[str], ready_url: str, cores: tuple[int, ...] = (),
+                 env: dict | None = None, timeout: float = 30.0):
+        self.name = name
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     env={**os.environ, **(env or {})})
+        self.ps = psutil.Process(self.proc.pid)
+        pin(self.proc.pid, cores)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{name} exited: {self.proc.stderr.read().decode(errors='replace')[-2000:]}")
+            try:
+                urllib.request.urlopen(ready_url, timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"{name} did not answer {ready_url} within {timeout:g} s")
+                time.sleep(0.1)
+        for child in self.ps.children(recursive=True):   # workers a server forked (LiteLLM may)
+            pin(child.pid, cores)
+
+    def cpu(self) -> float:
+        """User + system CPU seconds of the process and its live children."""
+        total = 0.0
+        for p in [self.ps, *self._children()]:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                pass
+        return total
+
+    def _children(self):
+        try:
+            return self.ps.children(recursive=True)
+        except psutil.Error:
+            return []
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
+
+
+@dataclass
+class Stack:
+    """One upstream and the arms in front of it: arm -> base URL, and the process that is the arm."""
+
+    upstream: Proc
+    urls: dict[str, str]
+    procs: dict[str, Proc | None]
+    missing: dict[str, str]          # arm -> why it is not measured
+
+    def stop(self) -> None:
+        for proc in [*self.procs.values(), self.upstream]:
+            if proc is not None:
+                proc.stop()
+
+
+def start_stack(ttft: float, itl: float, plan: CorePlan, arms: tuple[str, ...], metrics_file: str | None,
+                api_key: str) -> Stack:
+    py = sys.executable
+    up_port = free_port()
+    up_args = [py, "-m", "sidecar.bench.scripted_upstream", "--port", str(up_port), "--ttft", str(ttft), "--itl", str(itl)]
+    if metrics_file:
+        up_args += ["--metrics-file", metrics_file]
+    upstream = Proc("scripted upstream", up_args, f"http://127.0.0.1:{up_port}/health", plan.load)
+    up_url = f"http://127.0.0.1:{up_port}"
+    stack = Stack(upstream, {"direct": up_url}, {"direct": None}, {})
+    try:
+        if "relay" in arms:
+            port = free_port()
+            stack.procs["relay"] = Proc("bare relay", [py, "-m", "sidecar.bench.bare_relay", "--port", str(port),
+                                                       "--upstream-port", str(up_port)],
+                                        f"http://127.0.0.1:{port}/health", plan.arm)
+            stack.urls["relay"] = f"http://127.0.0.1:{port}"
+        if "sidecar" in arms:
+            port = free_port()
+            stack.procs["sidecar"] = Proc("sidecar", [py, "-m", "goodput_cli", "sidecar", "run", "--upstream", up_url,
+                                                      "--port", str(port), "--models", "scripted"],
+                                          f"http://127.0.0.1:{port}/healthz", plan.arm)
+            stack.urls["sidecar"] = f"http://127.0.0.1:{port}"
+        if "litellm" in arms:
+            from sidecar.bench import litellm_arm
+            try:
+                proc, url = litellm_arm.start(up_url, plan.arm, api_key)
+                stack.procs["litellm"], stack.urls["litellm"] = proc, url
+            except litellm_arm.Unavailable as exc:
+                stack.missing["litellm"] = str(exc)
+    except BaseException:
+        stack.stop()
+        raise
+    return stack

@@ -1,0 +1,84 @@
+"""The sidecar benchmark's statistics: schedules, paired differences, intervals, verdicts."""
+
+import statistics
+
+from sidecar.bench.arms import CorePlan
+from sidecar.bench.client import poisson_schedule
+from sidecar.bench.report import Run, summarise
+from sidecar.bench.run import SCENARIOS
+from sidecar.bench.stats import bootstrap_quantile, gap_quantile_difference, paired_differences
+
+
+def test_schedule_is_seeded_and_has_the_rate():
+    a, b = poisson_schedule(100, 60, seed=3), poisson_schedule(100, 60, seed=3)
+    assert a == b                          # every arm sees the same arrivals
+    assert a != poisson_schedule(100, 60, seed=4)
+    # 6,000 expected arrivals; a Poisson count's sd is sqrt(6000) ~ 77, so 4 sd is 310.
+    assert abs(len(a) - 6000) < 310
+    gaps = [y - x for x, y in zip(a, a[1:])]
+    assert abs(statistics.fmean(gaps) - 0.01) < 0.0005   # exponential gaps of mean 1/rate
+
+
+def test_little_law_rates():
+    # 32 tokens at 20 ms after a 20 ms first token: a stream lasts 0.64 s, so 16 streams need 25/s.
+    assert abs(SCENARIOS["paced16"].rate - 25.0) < 1e-9
+    assert abs(SCENARIOS["paced64"].rate - 100.0) < 1e-9
+
+
+def test_paired_differences_match_by_request_index():
+    assert paired_differences({0: 1.0, 1: 2.5, 3: 9.0}, {0: 0.5, 1: 2.0, 2: 7.0}) == [0.5, 0.5]
+
+
+def test_bootstrap_interval_brackets_the_median():
+    values = list(range(1001))           # median 500
+    lo, hi = bootstrap_quantile(values, 0.5, resamples=500)
+    assert lo < 500 < hi and hi - lo < 120
+    assert bootstrap_quantile([1.0], 0.5) is None
+
+
+def test_gap_difference_of_a_constant_shift():
+    direct = [[0.02] * 10 for _ in range(20)]
+    arm = [[0.0203] * 10 for _ in range(20)]
+    point, ci = gap_quantile_difference(arm, direct, 0.5, resamples=50)
+    assert abs(point - 0.0003) < 1e-12 and abs(ci[0] - 0.0003) < 1e-12 and abs(ci[1] - 0.0003) < 1e-12
+
+
+def _run(arm, repeat, ttfts, cpu=0.0):
+    records = [[i, t, 0.02, 0.02] for i, t in enumerate(ttfts)]
+    return Run(scenario="paced16", arm=arm, repeat=repeat, records=records, scheduled=len(records), errors=0,
+               unfinished=0, tokens=3 * len(records), elapsed=1.0, cpu_arm=cpu)
+
+
+def test_summary_added_ttft_is_per_request_and_cpu_ratio_is_against_the_relay():
+    direct = [0.020 + 0.001 * (i % 7) for i in range(200)]
+    runs = [_run("direct", 0, direct), _run("relay", 0, [t + 0.0001 for t in direct], cpu=0.006),
+            _run("sidecar", 0, [t + 0.0002 for t in direct], cpu=0.009)]
+    doc = summarise(runs, {}, {}, {}, CorePlan((0,), (1,)).describe())
+    side = doc["results"]["paced16"]["sidecar"]
+    # Every request is exactly 0.2 ms slower, whatever the direct TTFT was: p50 = p99 = 0.2 ms.
+    assert abs(side["added_ttft_p50_ms"] - 0.2) < 1e-9 and abs(side["added_ttft_p99_ms"] - 0.2) < 1e-9
+    # 9 ms over 600 tokens = 15 µs/token, against the relay's 10: 1.5x.
+    assert abs(side["cpu_us_per_token"] - 15.0) < 1e-9 and abs(side["cpu_per_token_vs_relay"] - 1.5) < 1e-9
+    assert doc["targets"]["paced16: sidecar added TTFT p50 ms"]["met"] is True
+    assert doc["targets"]["paced16: sidecar CPU per token / relay's"]["met"] is False
+
+
+def test_litellm_that_cannot_install_is_missing_with_the_reason(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from sidecar.bench import litellm_arm
+
+    venv = tmp_path / "litellm-venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").symlink_to(sys.executable)     # an existing venv: no venv creation
+    monkeypatch.setenv("GOODPUT_CACHE", str(tmp_path))
+    monkeypatch.setattr(litellm_arm, "_pip", lambda python, *args, **kw: subprocess.CompletedProcess(
+        args, 1, "", "ERROR: No matching distribution found for litellm==1.110.2"))
+    try:
+        litellm_arm.start("http://127.0.0.1:9", (), "sk-test", progress=lambda line: None)
+    except litellm_arm.Unavailable as exc:
+        assert "No matching distribution found" in str(exc)
+    else:
+        raise AssertionError("expected Unavailable")
+    assert not (tmp_path / "litellm-venv" / ".goodput-installed").exists()   # retried on the next run
