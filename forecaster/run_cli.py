@@ -28,7 +28,13 @@ def _prior(args) -> dict:
         raise UsageError(f"--prior {path}: not readable JSON ({exc})") from None
     try:
         if isinstance(data, dict) and "engine_decode" in data:
-            return {"prior_model": model_from_bench(data)}
+            out = {"prior_model": model_from_bench(data)}
+            if "prior_weight_requests" in data:
+                weight = data["prior_weight_requests"]
+                if not (isinstance(weight, (int, float)) and not isinstance(weight, bool) and weight > 0):
+                    raise ValueError(f"prior_weight_requests must be a number > 0, got {weight!r}")
+                out["prior_weight"] = float(weight)
+            return out
         return {"prior_capacity_rps": load_sweep_capacity(path)}
     except ValueError as exc:
         raise UsageError(f"--prior {path}: {exc}; pass a `goodput bench engine --json` result or a "

@@ -191,6 +191,8 @@ class OnlineServiceModel:
         self._pf_prior = (math.log(1.0 / m.prefill_tokens_per_s + m.step_s(1.0) / m.step_token_budget), w)
         if math.isfinite(m.kv_capacity_tokens) and m.kv_capacity_tokens < 1e15:
             self._add_log(self._kv, m.kv_capacity_tokens, w)
+        if m.ttft_overhead_s > 0:
+            self._add_lin(self._overhead, m.ttft_overhead_s, w)
         self._seeded = True
 
     def _add_decode(self, x: float, y: float, w: float, line: RobustLine | None = None) -> None:
@@ -460,7 +462,8 @@ def _service_per_token(ttft_mean: float, lam: float, m1: float, m2: float) -> fl
 def model_from_bench(bench: dict, step_token_budget: int = 512, max_batch: int = 256,
                      kv_capacity_tokens: float = 1e12) -> ServiceModel:
     """A prior from `goodput bench engine --json`: step(b) fitted to its decode points, prefill
-    from its prefill run."""
+    from its prefill run, and the fixed TTFT overhead where the result states one
+    (`ttft_overhead_s`, as `goodput demo`'s calibration does)."""
     points = [(float(d["batch"]), float(d["step_s"])) for d in bench.get("engine_decode", [])]
     if len(points) < 2 or "engine_prefill" not in bench:
         raise ValueError("a bench result needs engine_decode at two or more batch sizes and engine_prefill")
@@ -470,7 +473,8 @@ def model_from_bench(bench: dict, step_token_budget: int = 512, max_batch: int =
     return ServiceModel(prefill_tokens_per_s=float(bench["engine_prefill"]["tokens_per_s"]),
                         decode_base_s=max(1e-4, float(a)), decode_per_seq_s=max(0.0, float(c)),
                         kv_capacity_tokens=kv_capacity_tokens, max_batch=max_batch,
-                        step_token_budget=step_token_budget, name="bench",
+                        step_token_budget=step_token_budget, ttft_overhead_s=max(0.0, float(bench.get("ttft_overhead_s", 0.0))),
+                        name="bench",
                         source=f"goodput bench engine ({bench.get('model', '?')})")
 
 

@@ -44,8 +44,9 @@ def register(registry) -> None:
     p.add_argument("--objective", type=float, default=0.9, help="share of requests that must meet both (default 0.9)")
     p.add_argument("--admission", action="store_true",
                    help="turn the sidecar's goodput guard on: requests predicted to miss are shed (429)")
-    p.add_argument("--forecaster-step", type=float, default=5.0,
-                   help="forecaster step, s (default 5, so it moves within the demo; production default 15)")
+    p.add_argument("--forecaster-step", type=float, default=2.0,
+                   help="forecaster step, s (default 2: its forecasting models need 20 steps of history, "
+                        "which phase 1 then gives; production default 15, with history read from Prometheus)")
     p.add_argument("--engine-port", type=int, default=8000)
     p.add_argument("--sidecar-port", type=int, default=8080)
     p.add_argument("--forecaster-port", type=int, default=9300, help="forecaster /metrics port (default 9300)")

@@ -155,7 +155,8 @@ async def _probe(cfg, prompts, requests: list[PlannedRequest]):
 
 
 async def measure(cfg, prompts, long_prompt: int) -> tuple[dict, float]:
-    """Prefill and decode probes against the endpoint in `cfg`; (bench-shaped dict, overhead)."""
+    """Prefill and decode probes against the endpoint in `cfg`; (bench-shaped dict, TTFT of the
+    short prompt alone)."""
     one = lambda n_in, n_out: PlannedRequest(0.0, n_in, n_out, slo_class=CALIBRATION_CLASS)  # noqa: E731
     await _probe(cfg, prompts, [one(SHORT_PROMPT, 4)])                      # warm-up
     short, long = [], []
@@ -164,15 +165,16 @@ async def measure(cfg, prompts, long_prompt: int) -> tuple[dict, float]:
         long.append((await _probe(cfg, prompts, [one(long_prompt, 1)]))[0].ttft)
     t_short, t_long = statistics.median(short), statistics.median(long)
     prefill = (long_prompt - SHORT_PROMPT) / max(t_long - t_short, 1e-6)
-    overhead = max(0.0, t_short - SHORT_PROMPT / prefill)
     single = await _probe(cfg, prompts, [one(SHORT_PROMPT, DECODE_TOKENS)])
     batch = await _probe(cfg, prompts, [one(SHORT_PROMPT, DECODE_TOKENS) for _ in range(DECODE_BATCH)])
     step1 = single[0].tpot
     step_b = statistics.median(r.tpot for r in batch)
     bench = {"model": cfg.model, "source": "goodput demo calibration (HTTP probes through the sidecar)",
              "engine_decode": [{"batch": 1, "step_s": step1}, {"batch": DECODE_BATCH, "step_s": max(step_b, step1)}],
-             "engine_prefill": {"tokens_per_s": prefill, "prompt_tokens": long_prompt}}
-    return bench, overhead
+             "engine_prefill": {"tokens_per_s": prefill, "prompt_tokens": long_prompt},
+             # The forecaster's online fit weighs this prior as the requests it was measured on.
+             "prior_weight_requests": len(short) + len(long) + 1 + DECODE_BATCH}
+    return bench, t_short
 
 
 def calibrate(cfg, prompts: Callable[[int], object], mix_prompt: list[int], mix_output: list[int], ttft: float, tpot: float,
@@ -188,9 +190,15 @@ def calibrate(cfg, prompts: Callable[[int], object], mix_prompt: list[int], mix_
     # The longest prompt of the mix (at least 256 tokens): the prefill rate is a slope, and a
     # short one would drown it in the fixed overhead's noise.
     long_prompt = max(256, int(max(mix_prompt)))
-    bench, overhead = asyncio.run(measure(cfg, prompts, long_prompt))
-    model = replace(model_from_bench(bench, step_token_budget=step_token_budget, max_batch=max_batch),
-                    ttft_overhead_s=overhead)
+    bench, t_short = asyncio.run(measure(cfg, prompts, long_prompt))
+    model = model_from_bench(bench, step_token_budget=step_token_budget, max_batch=max_batch)
+    # The fixed overhead is what the short prompt's TTFT holds beyond what the model itself
+    # predicts for it on an idle replica (its prefill and the steps around it), so it is not
+    # counted twice.
+    idle = float(model.predict(1e-9, TokenMix(np.array([float(SHORT_PROMPT)]), np.array([1.0]))).ttft_s[0])
+    overhead = max(0.0, t_short - idle)
+    bench["ttft_overhead_s"] = overhead
+    model = replace(model, ttft_overhead_s=overhead)
     mix = TokenMix.from_samples(mix_prompt, mix_output)
     capacity = model.slo_capacity_rps(mix, [Slo(ttft, tpot, objective, "demo")])
     if not capacity > 0:

@@ -283,3 +283,26 @@ def test_a_prior_from_the_engine_benchmark_or_a_sweep(tmp_path):
     junk.write_text("{}")
     with pytest.raises(UsageError, match="goodput bench engine --json"):
         _prior(argparse.Namespace(prior=str(junk)))
+
+
+def test_a_calibration_prior_carries_its_overhead_and_its_weight(tmp_path):
+    """`goodput demo`'s calibration states the fixed TTFT overhead and how many requests it
+    measured; the learner starts from that overhead and weighs the prior as those requests."""
+    import argparse
+    import json
+
+    from forecaster.run_cli import _prior
+    from goodput_cli.errors import UsageError
+
+    data = {"engine_decode": [{"batch": 1, "step_s": 0.06}, {"batch": 8, "step_s": 0.09}],
+            "engine_prefill": {"tokens_per_s": 400.0}, "ttft_overhead_s": 0.04, "prior_weight_requests": 15}
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps(data))
+    got = _prior(argparse.Namespace(prior=str(path)))
+    assert got["prior_weight"] == 15.0 and got["prior_model"].ttft_overhead_s == pytest.approx(0.04)
+    learner = OnlineServiceModel(prior=got["prior_model"], prior_weight=got["prior_weight"])
+    assert learner.ttft_overhead_s() == pytest.approx(0.04)
+    for bad in (0, -1, "many", True):
+        path.write_text(json.dumps({**data, "prior_weight_requests": bad}))
+        with pytest.raises(UsageError, match="prior_weight_requests"):
+            _prior(argparse.Namespace(prior=str(path)))
