@@ -112,7 +112,7 @@ def test_recent_under_prediction_widens_the_headroom_up_to_a_cap():
         ticket.learned = True
         timing = RequestTiming(ttft=predicted + miss, e2e=1.0, itl=[], tpot=None, output_tokens=1, input_tokens=None,
                                finish_reasons=[], error=None, usage_seen=True, model=None)
-        assert guard.finish(ticket, timing) == pytest.approx(abs(miss))
+        assert guard.finish(ticket, timing).ttft_error == pytest.approx(abs(miss))
     assert guard.learned_headroom == pytest.approx(0.3)
     assert guard._thresholds["a"] == pytest.approx(0.7)          # 1 s less the learned 0.3 s
     high = SloClass("high", ttft=1.0, tpot=0.1, admission=True)
