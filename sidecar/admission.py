@@ -63,6 +63,7 @@ ERROR_WINDOW = 100          # admitted requests whose prediction error sets the 
 ERROR_QUANTILE = 0.9        # ... at this quantile of (measured - predicted): 9 in 10 admitted in time
 MAX_LEARNED_HEADROOM = 0.6  # share of a class's ttft the learned headroom may take at most
 _IN_FLIGHT_DECAY = 0.9      # EWMA of the time admitted requests spend in flight
+DONE_KEPT = 2048            # finished decode spans kept for the batch of the ones still decoding
 
 
 @dataclass(eq=False)
@@ -150,7 +151,9 @@ class Admission:
         self._above = {c.name: tuple(a.name for a in self._classes if a.priority > c.priority) for c in self._classes}
         self._arrivals = {c.name: RateWindow() for c in self._classes}   # every arrival: demand, shed or not
         self._prompt_rate = RateWindow()                                  # admitted prompt tokens: prefill load
-        self._done: deque[tuple[float, float, float]] = deque()          # (first token, end, prompt tokens)
+        # (first token, end, prompt tokens) of finished requests a decode in flight may overlap. Capped:
+        # one stream stuck for minutes must not make every finish scan everything since it began.
+        self._done: deque[tuple[float, float, float]] = deque(maxlen=DONE_KEPT)
         self.in_flight_seconds: float | None = None                      # mean time an admitted request is in flight
 
     def arrive(self, slo: SloClass, doc: dict, stream: bool, timer: StreamTimer, now: float) -> Ticket:
