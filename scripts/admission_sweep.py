@@ -202,6 +202,8 @@ def write_report(args, sweep: dict, two: dict, errors: dict, reasons: dict) -> s
     for sidecar_name, by_class in reasons.items():
         for cls, r in sorted(by_class.items()):
             lines.append(f"| {sidecar_name} | {cls} | {r.get('ttft', 0)} | {r.get('tpot', 0)} |")
+    if not any(reasons.values()):
+        lines.append("| (none shed) | | 0 | 0 |")
     text = "\n".join(lines) + "\n"
     (args.out / "report.md").write_text(text)
     return text
