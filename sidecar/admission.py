@@ -211,7 +211,7 @@ class Admission:
             return None
         ticket.batch_limit = max(0.0, room)
         why = (f"the {n_above + max(0, math.floor(room))} that keep time per output token under "
-               f"{tight:.3f} s (tightest in flight), after room for higher-priority classes")
+               f"{tight:.3f} s (tightest in flight)" + (", after room for higher-priority classes" if above else ""))
         return self._refuse(ticket, "tpot", (mine - room) * self._seconds_per_finish(join - 1),
                             f"admitting this request would make the decode batch {join}, past {why}")
 
