@@ -5,7 +5,8 @@ classes), then:
 
 1. `goodput sweep --compare off=...,on=...` at --multiples of the knee, the same seed for both:
    goodput against offered load with and without the guard (side-by-side table, both curves).
-2. `goodput load --class-mix high=1,low=1` at 2x the knee through the two-class sidecar: the
+2. `goodput load --class-mix high=1,low=1` at 2x the knee through the two-class sidecar (after two
+   unrecorded runs at 0.5x and 1x the knee, so that its guard has learned the engine): the
    high-priority class's attainment and who absorbed the shedding.
 3. The guard's TTFT and TPOT prediction errors on those runs (p50/p90 of |predicted - measured|),
    read from the sidecars' own goodput_admission_{ttft,tpot}_error_seconds histograms (Prometheus'
@@ -136,11 +137,13 @@ def main(argv: list[str] | None = None) -> int:
         run(goodput_command("sweep", "--compare", f"off={urls['off']},on={urls['on']}", "--rates", rates,
                             "--duration", str(args.duration), "--out", str(args.out / "sweep"), *common))
         two = args.out / "two-classes.json"
-        # A deployed guard has long learned its engine; this fresh sidecar learns at half the knee
-        # first (unrecorded), as the "on" one did on the sweep's lowest rate.
-        # (Its own seed, so its prompts are not in the prefix cache when the measured run sends them.)
-        run(goodput_command("load", "--url", urls["two"], "--rate", f"{args.knee / 2:g}", "--num-requests", "24",
-                            "--class-mix", "high=1,low=1", *common, "--seed", str(args.seed + 1)))
+        # A deployed guard has long learned its engine; this fresh sidecar learns first (unrecorded)
+        # at half the knee and at the knee, as the "on" one did on the sweep's rates below 2x: the
+        # TPOT term's step line needs to have seen the batches the knee makes, not only small ones.
+        # (Their own seeds, so their prompts are not in the prefix cache when the measured run sends them.)
+        for i, (rate, n) in enumerate(((args.knee / 2, 24), (args.knee, max(20, round(args.knee * args.duration / 2)))), 1):
+            run(goodput_command("load", "--url", urls["two"], "--rate", f"{rate:g}", "--num-requests", str(n),
+                                "--class-mix", "high=1,low=1", *common, "--seed", str(args.seed + i)))
         count = max(20, round(2 * args.knee * args.duration * 2))
         run(goodput_command("load", "--url", urls["two"], "--rate", f"{2 * args.knee:g}", "--num-requests", str(count),
                             "--class-mix", "high=1,low=1", "--json", str(two), *common))
