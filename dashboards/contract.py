@@ -26,6 +26,8 @@ OBJECTIVES = ("ttft", "tpot", "e2e")
 BOUNDS = ("mean", "upper")
 # Judged outcomes that are not good (a regex alternation for PromQL): what SLO error ratios count.
 BAD_OUTCOMES = "slo_violated|error|shed"
+# Why the admission guard shed a request: the objective it was predicted to miss.
+SHED_REASONS = ("ttft", "tpot")
 
 _SIDECAR = [
     Metric("goodput_requests_total", "counter", ("model", "slo_class", "outcome"), "sidecar"),
@@ -44,6 +46,9 @@ _SIDECAR = [
     Metric("goodput_slo_objective_ratio", "gauge", ("slo_class",), "sidecar"),
     Metric("goodput_admission_predicted_ttft_seconds", "histogram", ("model", "slo_class"), "sidecar"),
     Metric("goodput_admission_ttft_error_seconds", "histogram", ("model", "slo_class"), "sidecar"),
+    Metric("goodput_admission_predicted_tpot_seconds", "histogram", ("model", "slo_class"), "sidecar"),
+    Metric("goodput_admission_tpot_error_seconds", "histogram", ("model", "slo_class"), "sidecar"),
+    Metric("goodput_admission_shed_total", "counter", ("model", "slo_class", "reason"), "sidecar"),
     Metric("goodput_engine_requests_waiting", "gauge", ("model",), "sidecar"),
     Metric("goodput_engine_requests_running", "gauge", ("model",), "sidecar"),
     Metric("goodput_engine_kv_cache_usage_ratio", "gauge", ("model",), "sidecar"),

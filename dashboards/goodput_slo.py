@@ -42,6 +42,24 @@ def _latency(objective: str, title: str) -> object:
                               "with each class's configured target.")
 
 
+def _predicted(objective: str, title: str, description: str) -> object:
+    predicted = m(f"goodput_admission_predicted_{objective}_seconds_bucket")
+    return series(f"Predicted {title} at arrival", [
+        Query(f"histogram_quantile({q}, sum by (le) (rate({predicted}{{{MODEL_CLASS}}}[{RATE}])))", f"p{round(q * 100)}")
+        for q in (0.5, 0.9, 0.99)
+    ] + [Query(f'max by (slo_class) ({m("goodput_slo_target_seconds")}{{{CLASS}, objective="{objective}"}})',
+               "target {{slo_class}}")], "s", w=8, min=0, description=description)
+
+
+def _prediction_error(objective: str, title: str) -> object:
+    error = m(f"goodput_admission_{objective}_error_seconds_bucket")
+    return series(f"{title} prediction error (admitted)", [
+        Query(f"histogram_quantile({q}, sum by (le) (rate({error}{{{MODEL_CLASS}}}[{RATE}])))", f"p{round(q * 100)} |error|")
+        for q in (0.5, 0.9)
+    ], "s", w=12, min=0,
+        description=f"|predicted - measured| {title} of admitted streamed requests: how far the guard can be trusted.")
+
+
 def build():
     budget_left = (f"1 - (({_requests(BAD, 'slo_class', '30d', 'increase')} or 0 * {_requests(JUDGED, 'slo_class', '30d', 'increase')})"
                    f" / {_requests(JUDGED, 'slo_class', '30d', 'increase')})"
@@ -92,25 +110,21 @@ def build():
             Query(f"sum(rate({m('goodput_output_tokens_total')}{{{MODEL_CLASS}}}[{RATE}]))", "output tokens/s"),
         ], "short", min=0),
     ]
-    predicted = m("goodput_admission_predicted_ttft_seconds_bucket")
-    error = m("goodput_admission_ttft_error_seconds_bucket")
     admission = [
         series("Shed by the admission guard", [
-            Query(_requests(SHED, "slo_class") + " or vector(0)", "{{slo_class}} shed req/s"),
+            # "or vector(0)": a sidecar that never shed has no series for it yet, and the panel reads 0.
+            Query(f"sum by (slo_class, reason) (rate({m('goodput_admission_shed_total')}{{{MODEL_CLASS}}}[{RATE}]))"
+                  " or vector(0)", "{{slo_class}} {{reason}} shed req/s"),
         ], "reqps", w=8, min=0,
-               description="Requests answered 429 + Retry-After because their predicted TTFT would miss the class's "
-                           "objective. Sustained shedding is a capacity problem (alert GoodputSheddingSustained)."),
-        series("Predicted TTFT at arrival", [
-            Query(f"histogram_quantile({q}, sum by (le) (rate({predicted}{{{MODEL_CLASS}}}[{RATE}])))", f"p{round(q * 100)}")
-            for q in (0.5, 0.9, 0.99)
-        ] + [Query(f'max by (slo_class) ({m("goodput_slo_target_seconds")}{{{CLASS}, objective="ttft"}})',
-                   "target {{slo_class}}")], "s", w=8, min=0,
-               description="What the guard predicted for every request it judged, admitted or shed, against the target."),
-        series("TTFT prediction error (admitted)", [
-            Query(f"histogram_quantile({q}, sum by (le) (rate({error}{{{MODEL_CLASS}}}[{RATE}])))", f"p{round(q * 100)} |error|")
-            for q in (0.5, 0.9)
-        ], "s", w=8, min=0,
-               description="|predicted - measured| TTFT of admitted streamed requests: how far the guard can be trusted."),
+               description="Requests answered 429 + Retry-After, by the objective they were predicted to miss: ttft "
+                           "(the queue is too long) or tpot (the decode batch is too large for the step to meet the "
+                           "objective). Sustained shedding is a capacity problem (alert GoodputSheddingSustained)."),
+        _predicted("ttft", "TTFT", "What the guard predicted for every request it judged, admitted or shed, against the target."),
+        _predicted("tpot", "TPOT", "What the guard predicted for every request it judged, admitted or shed: the step time "
+                                   "at the decode batch it would join, slowed by the prefills expected meanwhile, against "
+                                   "the target."),
+        _prediction_error("ttft", "TTFT"),
+        _prediction_error("tpot", "TPOT"),
     ]
     return dashboard(UID, "goodput / Goodput and SLOs", "dashboards/goodput_slo.py",
                      "Goodput (requests that met their TTFT and TPOT objectives) beside throughput, SLO "

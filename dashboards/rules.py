@@ -165,8 +165,8 @@ def autoscaling_alerts(config: RulesConfig) -> list[dict]:
         _alert(config, "GoodputSheddingSustained", f"{shed}\n/\n{judged}\n> {config.shed_ratio:g}", "15m", "warning",
                "The admission guard refuses {{ $value | humanizePercentage }} of SLO class {{ $labels.slo_class }}",
                "For 15 minutes the sidecars have answered more than " + f"{config.shed_ratio:.0%}"
-               + " of {{ $labels.slo_class }} requests with 429 because their predicted TTFT would miss the "
-               "objective: demand is above what the replicas serve. That is a capacity problem: check "
+               + " of {{ $labels.slo_class }} requests with 429 because their predicted TTFT or TPOT would miss "
+               "the objective (goodput_admission_shed_total says which): demand is above what the replicas serve. That is a capacity problem: check "
                "that the autoscaler is adding replicas and is not at its maximum."),
         _alert(config, "GoodputQueueGrowingAtMaxReplicas",
                f"(\n  deriv({c.WAITING_RECORD}[10m]) > 0\nand\n  {c.WAITING_RECORD} > 0\n)\nand on ()\n{at_max}",

@@ -5,11 +5,12 @@ classes), then:
 
 1. `goodput sweep --compare off=...,on=...` at --multiples of the knee, the same seed for both:
    goodput against offered load with and without the guard (side-by-side table, both curves).
-2. `goodput load --class-mix high=1,low=1` at 2x the knee through the two-class sidecar: the
+2. `goodput load --class-mix high=1,low=1` at 2x the knee through the two-class sidecar (after two
+   unrecorded runs at 0.5x and 1x the knee, so that its guard has learned the engine): the
    high-priority class's attainment and who absorbed the shedding.
-3. The guard's TTFT prediction error on those runs (p50/p90 of |predicted - measured|), read
-   from the sidecars' own goodput_admission_ttft_error_seconds histograms (Prometheus'
-   histogram_quantile interpolation).
+3. The guard's TTFT and TPOT prediction errors on those runs (p50/p90 of |predicted - measured|),
+   read from the sidecars' own goodput_admission_{ttft,tpot}_error_seconds histograms (Prometheus'
+   histogram_quantile interpolation), and why they shed (goodput_admission_shed_total{reason}).
 
 Everything lands in --out (default docs/admission): sweep/ (sweep.json, summary.md,
 goodput-compare.png), two-classes.json and report.md. Needs a quiet machine: it is a latency
@@ -48,15 +49,29 @@ def run(cmd: list[str]) -> None:
         raise SystemExit(f"failed: {' '.join(cmd)}")
 
 
-def error_quantiles(url: str) -> dict[str, dict]:
-    """slo_class -> {count, p50, p90} of goodput_admission_ttft_error_seconds, from /metrics."""
+def _families(url: str) -> list:
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
-        text = resp.read().decode()
+        return list(text_string_to_metric_families(resp.read().decode()))
+
+
+def shed_reasons(url: str) -> dict[str, dict[str, int]]:
+    """slo_class -> {reason: requests shed} over the sidecar's whole life (its warm-up included)."""
+    out: dict[str, dict[str, int]] = {}
+    for family in _families(url):
+        if family.name == "goodput_admission_shed":
+            for s in family.samples:
+                if s.name.endswith("_total"):
+                    out.setdefault(s.labels["slo_class"], {})[s.labels["reason"]] = int(s.value)
+    return out
+
+
+def error_quantiles(url: str, objective: str = "ttft") -> dict[str, dict]:
+    """slo_class -> {count, p50, p90} of goodput_admission_{objective}_error_seconds, from /metrics."""
     buckets: dict[str, list[tuple[float, float]]] = {}
-    for family in text_string_to_metric_families(text):
-        if family.name != "goodput_admission_ttft_error_seconds":
+    for family in _families(url):
+        if family.name != f"goodput_admission_{objective}_error_seconds":
             continue
         for s in family.samples:
             if s.name.endswith("_bucket"):
@@ -122,25 +137,29 @@ def main(argv: list[str] | None = None) -> int:
         run(goodput_command("sweep", "--compare", f"off={urls['off']},on={urls['on']}", "--rates", rates,
                             "--duration", str(args.duration), "--out", str(args.out / "sweep"), *common))
         two = args.out / "two-classes.json"
-        # A deployed guard has long learned its engine; this fresh sidecar learns at half the knee
-        # first (unrecorded), as the "on" one did on the sweep's lowest rate.
-        # (Its own seed, so its prompts are not in the prefix cache when the measured run sends them.)
-        run(goodput_command("load", "--url", urls["two"], "--rate", f"{args.knee / 2:g}", "--num-requests", "24",
-                            "--class-mix", "high=1,low=1", *common, "--seed", str(args.seed + 1)))
+        # A deployed guard has long learned its engine; this fresh sidecar learns first (unrecorded)
+        # at half the knee and at the knee, as the "on" one did on the sweep's rates below 2x: the
+        # TPOT term's step line needs to have seen the batches the knee makes, not only small ones.
+        # (Their own seeds, so their prompts are not in the prefix cache when the measured run sends them.)
+        for i, (rate, n) in enumerate(((args.knee / 2, 24), (args.knee, max(20, round(args.knee * args.duration / 2)))), 1):
+            run(goodput_command("load", "--url", urls["two"], "--rate", f"{rate:g}", "--num-requests", str(n),
+                                "--class-mix", "high=1,low=1", *common, "--seed", str(args.seed + i)))
         count = max(20, round(2 * args.knee * args.duration * 2))
         run(goodput_command("load", "--url", urls["two"], "--rate", f"{2 * args.knee:g}", "--num-requests", str(count),
                             "--class-mix", "high=1,low=1", "--json", str(two), *common))
-        errors = {"on": error_quantiles(urls["on"]), "two": error_quantiles(urls["two"])}
+        errors = {objective: {"on": error_quantiles(urls["on"], objective), "two": error_quantiles(urls["two"], objective)}
+                  for objective in ("ttft", "tpot")}
+        reasons = {"on": shed_reasons(urls["on"]), "two": shed_reasons(urls["two"])}
     finally:
         for server in reversed(servers):
             server.stop()
     report = write_report(args, json.loads((args.out / "sweep" / "sweep.json").read_text()),
-                          json.loads(two.read_text()), errors)
+                          json.loads(two.read_text()), errors, reasons)
     print(report)
     return 0
 
 
-def write_report(args, sweep: dict, two: dict, errors: dict) -> str:
+def write_report(args, sweep: dict, two: dict, errors: dict, reasons: dict) -> str:
     off = {p["rate"]: p for p in sweep["series"]["off"]["points"]}
     on = {p["rate"]: p for p in sweep["series"]["on"]["points"]}
     knee = args.knee
@@ -174,12 +193,20 @@ def write_report(args, sweep: dict, two: dict, errors: dict) -> str:
     for name, c in two.get("by_class", {}).items():
         lines.append(f"| {name} | {c['requests']} | {c['good']} | {c['shed']} | {c['attainment'] * 100:.1f} % | "
                      f"{c['admitted_attainment'] * 100:.1f} % |")
-    lines += ["", "## TTFT prediction error of admitted requests (|predicted - measured|)\n",
-              "| sidecar | class | requests checked | p50 ms | p90 ms |", "|---|---|---:|---:|---:|"]
-    for sidecar_name, by_class in errors.items():
-        for cls, e in sorted(by_class.items()):
-            lines.append(f"| {sidecar_name} | {cls} | {e['count']} | {e['p50'] * 1000:.0f} | {e['p90'] * 1000:.0f} |")
+    for objective, by_sidecar in errors.items():
+        lines += ["", f"## {objective.upper()} prediction error of admitted requests (|predicted - measured|)\n",
+                  "| sidecar | class | requests checked | p50 ms | p90 ms |", "|---|---|---:|---:|---:|"]
+        for sidecar_name, by_class in by_sidecar.items():
+            for cls, e in sorted(by_class.items()):
+                lines.append(f"| {sidecar_name} | {cls} | {e['count']} | {e['p50'] * 1000:.0f} | {e['p90'] * 1000:.0f} |")
     lines.append("\n(p50/p90 interpolated within the histogram's buckets, as Prometheus' histogram_quantile does.)")
+    lines += ["", "## Why the guard shed (whole life of each sidecar, warm-up included)\n",
+              "| sidecar | class | ttft | tpot |", "|---|---|---:|---:|"]
+    for sidecar_name, by_class in reasons.items():
+        for cls, r in sorted(by_class.items()):
+            lines.append(f"| {sidecar_name} | {cls} | {r.get('ttft', 0)} | {r.get('tpot', 0)} |")
+    if not any(reasons.values()):
+        lines.append("| (none shed) | | 0 | 0 |")
     text = "\n".join(lines) + "\n"
     (args.out / "report.md").write_text(text)
     return text

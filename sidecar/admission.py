@@ -1,33 +1,46 @@
-"""Goodput guard: answer 429 at once to a request that would miss its TTFT objective anyway.
+"""Goodput guard: answer 429 at once to a request that would miss its TTFT or TPOT objective anyway.
 
-Past the knee every admitted request queues, and all of them miss; refusing the ones that are
-certain to miss keeps the queue short enough that the admitted ones still meet theirs, and lets
-the client retry elsewhere or later (`Retry-After`). The prediction uses only what this sidecar
-knows at the instant a request arrives:
+Past the knee every admitted request queues, or joins a decode batch too large for its step to
+meet the TPOT objective, and all of them miss; refusing the ones that are certain to miss keeps
+the queue short and the batch small enough that the admitted ones still meet theirs, and lets the
+client retry elsewhere or later (`Retry-After`). The prediction uses only what this sidecar knows
+at the instant a request arrives:
 
 - the requests it has in flight to its engine, each either waiting for its first token or
   decoding (read from each request's own `StreamTimer`, so it is exact at every instant, not the
   engine's scraped gauges, which lag by a scrape interval);
-- an online `ServiceEstimate` of this replica: the decode step time against batch (from the TPOT
-  of finished streams) and the prefill rate (from measured TTFT against the prompt tokens that
-  were queued ahead at arrival).
+- an online `ServiceEstimate` of this replica (sidecar/admission_estimate.py): the bare decode
+  step time against batch, and the prefill cost per prompt token (from measured TTFT against the
+  prompt tokens that were queued ahead at arrival);
+- the prompt tokens admitted over the last RATE_WINDOW seconds, and each class's arrival rate.
 
-Predicted TTFT = (prompt tokens still waiting ahead + own prompt tokens) x (seconds per prompt
-token, which grows with the decode batch those requests join; see ServiceEstimate) + one step
-at the current decode batch. Prompt length is characters / 4 at first, corrected by
-the engine's `usage.prompt_tokens` as answers come back.
+TTFT. Predicted TTFT = (prompt tokens still waiting ahead + own prompt tokens) x (seconds per
+prompt token, which grows with the decode batch those requests join; see ServiceEstimate) + one
+step at the current decode batch. Prompt length is characters / 4 at first, corrected by the
+engine's `usage.prompt_tokens` as answers come back. A class sheds above `ttft * (1 -
+admission_margin)`: under sustained overload the queue settles where arrivals start being refused,
+so admitted requests land near the threshold and the margin (default 20 %) is what keeps them
+under the objective despite the prediction's error. Where the predictor has recently under-shot
+by more than that (the 90th percentile of measured - predicted over the last 100 admitted
+requests; a loaded or noisy engine), that learned headroom replaces the margin, up to 60 % of the
+objective. A lower-priority class also sheds once the predicted wait exceeds PRIORITY_HEADROOM of
+the tightest TTFT objective among the classes above it, because the engine serves in arrival
+order: a low request admitted into a long queue delays every high request behind it.
 
-Thresholds: a class sheds above `ttft * (1 - admission_margin)`: under sustained overload the
-queue settles where arrivals start being refused, so admitted requests land near the threshold
-and the margin (default 20 %) is what keeps them under the objective despite the prediction's
-error. Where the predictor has recently under-shot by more than that (the 90th percentile of
-measured - predicted over the last 100 admitted requests; a loaded or noisy engine), that
-learned headroom replaces the margin, up to 60 % of the objective. A lower-priority class also
-sheds once the predicted wait exceeds PRIORITY_HEADROOM of the tightest TTFT objective among the
-classes above it, because the engine serves in arrival order: a low request admitted into a long
-queue delays every high request behind it. So low classes absorb the shedding first.
+TPOT. The request will decode in the batch it joins: every request in flight now (those waiting
+for a first token are ahead of it and decode beside it) and itself. Predicted TPOT = step(batch) /
+(1 - rho), rho being the share of engine time the prefills of requests arriving meanwhile take
+(admitted prompt tokens/s x seconds per prompt token). Two refusals, both reason `tpot`:
+- its own: predicted TPOT above `tpot * (1 - admission_margin)`;
+- everyone else's: admitting one more slows every request decoding. The batch may not pass the
+  largest one whose step meets the tightest TPOT threshold among its own class and the guarded
+  classes in flight, and a class may use of that batch only what the classes above it leave: the
+  larger of what they have in flight and what their arrival rate will bring in (Little's law:
+  rate x mean time in flight, plus one standard deviation of a Poisson count). So low classes
+  absorb the shedding first and a high-priority arrival finds room.
 
-Nothing is shed until MIN_SAMPLES requests have been measured: a guess is not a reason to refuse.
+Nothing is shed on TTFT until MIN_SAMPLES first tokens have been measured, nor on TPOT until
+MIN_SAMPLES streams have finished: a guess is not a reason to refuse.
 """
 
 from __future__ import annotations
@@ -36,17 +49,21 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+from sidecar.admission_estimate import RateWindow, ServiceEstimate
 from sidecar.config import SloConfig
 from sidecar.slo import SloClass
 from sidecar.timing import RequestTiming, StreamTimer
 
+__all__ = ["Admission", "Checked", "ServiceEstimate", "Ticket", "prompt_chars"]
+
 CHARS_PER_TOKEN = 4.0       # a first guess for English BPE text; learned from usage afterwards
 MIN_SAMPLES = 16            # measured streamed requests before the guard may shed
 PRIORITY_HEADROOM = 0.5     # lower classes keep the queue under this share of a higher class's TTFT
-_DECAY = 0.97               # per-sample forgetting: about the last 30 requests carry the estimate
 ERROR_WINDOW = 100          # admitted requests whose prediction error sets the learned headroom
 ERROR_QUANTILE = 0.9        # ... at this quantile of (measured - predicted): 9 in 10 admitted in time
 MAX_LEARNED_HEADROOM = 0.6  # share of a class's ttft the learned headroom may take at most
+_IN_FLIGHT_DECAY = 0.9      # EWMA of the time admitted requests spend in flight
+DONE_KEPT = 2048            # finished decode spans kept for the batch of the ones still decoding
 
 
 @dataclass(eq=False)
@@ -66,6 +83,13 @@ class Ticket:
     timer: StreamTimer | None = None
     stream: bool = True
     learned: bool = False                 # its TTFT has been fed to the estimate
+    predicted_tpot: float | None = None   # None: nothing predicted (guard off, or still learning)
+    tpot_threshold: float | None = None   # its class's predicted TPOT above this is shed
+    join_batch: int = 0                   # the decode batch it would join: in flight now + itself
+    batch_limit: float | None = None      # for a `tpot` shed: the batch its class may fill
+    reason: str | None = None             # why it was shed: "ttft" | "tpot"
+    detail: str = ""                      # the 429's message
+    slo: SloClass | None = None
 
     @property
     def shed(self) -> bool:
@@ -73,84 +97,18 @@ class Ticket:
 
 
 ADMIT_UNTRACKED = Ticket(admitted=True)
+SHED_REASONS = ("ttft", "tpot")
 
 
-class _Line:
-    """Exponentially weighted least squares for y = a + b x with b >= 0."""
+@dataclass(frozen=True)
+class Checked:
+    """|predicted - measured| of a finished admitted request, where both exist."""
 
-    def __init__(self):
-        self.w = self.x = self.y = self.xx = self.xy = 0.0
-
-    def add(self, x: float, y: float) -> None:
-        d = _DECAY
-        self.w = self.w * d + 1
-        self.x, self.y = self.x * d + x, self.y * d + y
-        self.xx, self.xy = self.xx * d + x * x, self.xy * d + x * y
-
-    def fit(self) -> tuple[float, float]:
-        if self.w == 0:
-            return 0.0, 0.0
-        den = self.w * self.xx - self.x * self.x
-        slope = (self.w * self.xy - self.x * self.y) / den if den > 1e-9 * max(1.0, self.w * self.xx) else 0.0
-        if slope < 0:
-            # More batch never makes a step faster; a negative slope is noise.
-            slope = 0.0
-        return max(0.0, (self.y - slope * self.x) / self.w), slope
+    ttft_error: float | None = None
+    tpot_error: float | None = None
 
 
-class ServiceEstimate:
-    """The replica's decode step time (against batch) and prefill rate, learned online.
-
-    Prefill model: an engine with chunked prefill runs steps of c0 + c_p x (prompt tokens) +
-    c_d x (decoding requests). Prefilling X queued tokens at C tokens a step takes X / C steps,
-    while the batch grows from B to B + (requests ahead) as each of them finishes its prompt, so
-    the wait is X x (a + b x B_mean) with a = c0 / C + c_p and b = c_d / C: two coefficients,
-    fitted by least squares through the origin, that need neither C nor the engine's kind. An
-    engine that prefills one prompt at a time without decoding in between fits b = 0."""
-
-    def __init__(self):
-        self._step = _Line()             # TPOT of a finished stream against the batch it decoded in
-        self._s11 = self._s12 = self._s22 = self._s1y = self._s2y = 0.0   # normal equations, decayed
-        self.samples = 0
-
-    def step_time(self, batch: float) -> float:
-        a, b = self._step.fit()
-        return a + b * batch
-
-    def _prefill(self) -> tuple[float, float]:
-        """(a, b): seconds per queued prompt token, and its growth per request in the batch."""
-        det = self._s11 * self._s22 - self._s12 * self._s12
-        if det > 1e-9 * max(1e-12, self._s11 * self._s22):
-            a = (self._s22 * self._s1y - self._s12 * self._s2y) / det
-            b = (self._s11 * self._s2y - self._s12 * self._s1y) / det
-            if a >= 0 and b >= 0:
-                return a, b
-        # Collinear, or a negative coefficient (noise): the batch term adds nothing; fit a alone.
-        return (self._s1y / self._s11 if self._s11 > 0 else 0.0), 0.0
-
-    @property
-    def prefill_rate(self) -> float | None:
-        """Prompt tokens per second with nothing decoding, None before the first sample."""
-        a, _ = self._prefill()
-        return 1.0 / a if a > 0 else None
-
-    def predict(self, tokens_ahead: float, batch_mean: float, batch: int) -> float:
-        a, b = self._prefill()
-        return tokens_ahead * (a + b * batch_mean) + self.step_time(batch)
-
-    def observe_ttft(self, ttft: float, tokens_ahead: float, batch_mean: float, batch: int) -> None:
-        """A first token: `ttft` after arriving behind `tokens_ahead` prompt tokens (own included),
-        with about `batch_mean` requests decoding on average while it waited."""
-        if tokens_ahead > 0:
-            wait = max(0.0, ttft - self.step_time(batch))
-            x1, x2, d = tokens_ahead, tokens_ahead * batch_mean, _DECAY
-            self._s11, self._s12, self._s22 = self._s11 * d + x1 * x1, self._s12 * d + x1 * x2, self._s22 * d + x2 * x2
-            self._s1y, self._s2y = self._s1y * d + x1 * wait, self._s2y * d + x2 * wait
-            self.samples += 1
-
-    def observe_decode(self, tpot: float, batch: float) -> None:
-        """A finished stream's mean time per token while about `batch` requests decoded."""
-        self._step.add(batch, tpot)
+NOT_CHECKED = Checked()
 
 
 def prompt_chars(doc: dict) -> tuple[int, int]:
@@ -174,6 +132,8 @@ def prompt_chars(doc: dict) -> tuple[int, int]:
     return chars, ids
 
 
+
+
 class Admission:
     """Decides per arriving request; call `arrive` once, then `finish` once if it was admitted."""
 
@@ -187,10 +147,19 @@ class Admission:
         self._misses: deque[float] = deque(maxlen=ERROR_WINDOW)   # measured - predicted, admitted requests
         self.learned_headroom = 0.0
         self._thresholds = {c.name: _threshold(c, self._classes) for c in self._classes}
+        self._tpot_thresholds = {c.name: c.tpot * (1 - c.admission_margin) for c in self._classes}
+        self._above = {c.name: tuple(a.name for a in self._classes if a.priority > c.priority) for c in self._classes}
+        self._arrivals = {c.name: RateWindow() for c in self._classes}   # every arrival: demand, shed or not
+        self._prompt_rate = RateWindow()                                  # admitted prompt tokens: prefill load
+        # (first token, end, prompt tokens) of finished requests a decode in flight may overlap. Capped:
+        # one stream stuck for minutes must not make every finish scan everything since it began.
+        self._done: deque[tuple[float, float, float]] = deque(maxlen=DONE_KEPT)
+        self.in_flight_seconds: float | None = None                      # mean time an admitted request is in flight
 
     def arrive(self, slo: SloClass, doc: dict, stream: bool, timer: StreamTimer, now: float) -> Ticket:
         if not self.enabled:
             return ADMIT_UNTRACKED
+        self._arrivals[slo.name].add(now)
         chars, ids = prompt_chars(doc)
         own = max(1.0, chars / self._chars_per_token + ids)
         waiting, n_waiting, batch = self._queue(now)
@@ -198,34 +167,130 @@ class Admission:
         batch_mean = batch + n_waiting / 2
         ready = self.estimate.samples >= self.min_samples
         predicted = self.estimate.predict(ahead, batch_mean, batch) if ready else None
+        join = n_waiting + batch + 1
+        rho, predicted_tpot = 0.0, None
+        if self.estimate.decode_samples >= self.min_samples:
+            rho = self.estimate.prefill_share(self._prompt_rate.rate(now))
+            predicted_tpot = self.estimate.predict_tpot(join, rho)
         threshold = self._thresholds[slo.name]
+        ticket = Ticket(True, predicted, threshold, prompt_tokens=own, chars=chars, tokens_ahead=ahead,
+                        batch=batch, batch_mean=batch_mean, arrived=now, timer=timer, stream=stream,
+                        predicted_tpot=predicted_tpot, tpot_threshold=self._tpot_thresholds[slo.name],
+                        join_batch=join, slo=slo)
         if slo.admission and predicted is not None and predicted > threshold:
             # The excess wait drains at about real time once arrivals stop: retry after it.
-            return Ticket(False, predicted, threshold, retry_after=max(1, math.ceil(predicted - threshold)))
-        ticket = Ticket(True, predicted, threshold, prompt_tokens=own, chars=chars, tokens_ahead=ahead,
-                        batch=batch, batch_mean=batch_mean, arrived=now, timer=timer, stream=stream)
+            return self._refuse(ticket, "ttft", predicted - threshold,
+                                f"this request's predicted time to first token ({predicted:.2f} s) exceeds what "
+                                f"SLO class {slo.name!r} allows ({threshold:.2f} s)")
+        if slo.admission and predicted_tpot is not None:
+            refusal = self._tpot_refusal(ticket, rho, now)
+            if refusal is not None:
+                return refusal
         self._in_flight[id(ticket)] = ticket
+        self._prompt_rate.add(now, own)
         return ticket
 
-    def finish(self, ticket: Ticket, timing: RequestTiming) -> float | None:
-        """Forget the request, learn from it; returns |predicted - measured| TTFT when both exist."""
-        if self._in_flight.pop(id(ticket), None) is None:
+    def _tpot_refusal(self, ticket: Ticket, rho: float, now: float) -> Ticket | None:
+        """Refuse (reason tpot) when the batch it joins is too large for its own TPOT, or for the
+        tightest TPOT in flight once the classes above it have their room; None admits."""
+        slo, join, est = ticket.slo, ticket.join_batch, self.estimate
+        own_limit = est.max_batch(ticket.tpot_threshold, rho)
+        if join > own_limit:
+            ticket.batch_limit = own_limit
+            return self._refuse(ticket, "tpot", (join - own_limit) * self._seconds_per_finish(join - 1),
+                                f"this request's predicted time per output token ({ticket.predicted_tpot:.3f} s, "
+                                f"decoding beside {join - 1} others) exceeds what SLO class {slo.name!r} allows "
+                                f"({ticket.tpot_threshold:.3f} s)")
+        guarded = [t.slo.name for t in self._in_flight.values() if t.slo is not None and t.slo.admission]
+        tight = min([ticket.tpot_threshold] + [self._tpot_thresholds[name] for name in guarded])
+        above = self._above[slo.name]
+        n_above = sum(1 for t in self._in_flight.values() if t.slo is not None and t.slo.name in above)
+        room = est.max_batch(tight, rho) - max(self._reserve(above, now), n_above)
+        mine = join - n_above   # in flight at or below its priority, itself included
+        if mine <= room:
             return None
+        ticket.batch_limit = max(0.0, room)
+        why = (f"the {n_above + max(0, math.floor(room))} that keep time per output token under "
+               f"{tight:.3f} s (tightest in flight)" + (", after room for higher-priority classes" if above else ""))
+        return self._refuse(ticket, "tpot", (mine - room) * self._seconds_per_finish(join - 1),
+                            f"admitting this request would make the decode batch {join}, past {why}")
+
+    def _refuse(self, ticket: Ticket, reason: str, wait: float, why: str) -> Ticket:
+        ticket.admitted = False
+        ticket.reason = reason
+        ticket.retry_after = max(1, math.ceil(wait))
+        ticket.detail = f"the server is at capacity: {why}; retry after {ticket.retry_after} s"
+        return ticket
+
+    def _reserve(self, above: tuple[str, ...], now: float) -> float:
+        """Requests the classes above will have in flight: arrival rate x time in flight (Little),
+        plus one Poisson standard deviation so a burst of them still finds room."""
+        if not above or self.in_flight_seconds is None:
+            return 0.0
+        expected = sum(self._arrivals[name].rate(now) for name in above) * self.in_flight_seconds
+        return expected + math.sqrt(expected)
+
+    def _seconds_per_finish(self, in_flight: int) -> float:
+        """How often a request in flight finishes (Little's law): the wait per request of excess."""
+        return (self.in_flight_seconds or 1.0) / max(1, in_flight)
+
+    def finish(self, ticket: Ticket, timing: RequestTiming) -> Checked:
+        """Forget the request, learn from it; returns |predicted - measured| TTFT and TPOT where
+        both exist."""
+        if self._in_flight.pop(id(ticket), None) is None:
+            return NOT_CHECKED
+        start = ticket.timer.start if ticket.timer is not None else ticket.arrived
+        end = start + timing.e2e
+        if ticket.stream:
+            first = start + timing.ttft if timing.ttft is not None else None
+        else:
+            first = ticket.arrived + (ticket.predicted_ttft or 0.0)
+            first = first if first <= end else None
+        decode = self._during(first, end) if first is not None and end > first else None
+        self._remember(first, end, ticket.prompt_tokens)
         if not ticket.stream or timing.error is not None or timing.ttft is None:
-            return None   # a non-streamed answer's first token is not observable; errors teach nothing
+            return NOT_CHECKED   # a non-streamed answer's first token is not observable; errors teach nothing
+        if self.in_flight_seconds is None:
+            self.in_flight_seconds = timing.e2e
+        else:
+            self.in_flight_seconds = _IN_FLIGHT_DECAY * self.in_flight_seconds + (1 - _IN_FLIGHT_DECAY) * timing.e2e
         if not ticket.learned:
             self._learn_ttft(ticket, timing.ttft)
         if timing.input_tokens and ticket.chars:
             # Usage corrects the characters-per-token guess for everything that follows.
             ratio = ticket.chars / timing.input_tokens
             self._chars_per_token = 0.9 * self._chars_per_token + 0.1 * min(16.0, max(0.5, ratio))
-        if timing.tpot is not None:
-            _, _, batch_now = self._queue(ticket.arrived + timing.e2e)
-            self.estimate.observe_decode(timing.tpot, (ticket.batch + batch_now) / 2 + 1)
-        if ticket.predicted_ttft is None:
-            return None
-        self._learn_error(timing.ttft - ticket.predicted_ttft)
-        return abs(ticket.predicted_ttft - timing.ttft)
+        tpot_error = None
+        if timing.tpot is not None and decode is not None:
+            batch, prefilled = decode
+            self.estimate.observe_decode(timing.tpot, batch, prefilled / max(1, timing.output_tokens - 1))
+            if ticket.predicted_tpot is not None:
+                tpot_error = abs(ticket.predicted_tpot - timing.tpot)
+        ttft_error = None
+        if ticket.predicted_ttft is not None:
+            self._learn_error(timing.ttft - ticket.predicted_ttft)
+            ttft_error = abs(ticket.predicted_ttft - timing.ttft)
+        return Checked(ttft_error, tpot_error)
+
+    def _during(self, first: float, end: float) -> tuple[float, float]:
+        """(mean decode batch, itself included; prompt tokens of other requests whose first token
+        came) over the decode window (first, end] of a request that just finished."""
+        overlap, prefilled = 0.0, 0.0
+        spans = [(f, end, t.prompt_tokens) for t in self._in_flight.values()
+                 if (f := self._first_token(t, end)) is not None]
+        for f, e, tokens in list(self._done) + spans:
+            overlap += max(0.0, min(e, end) - max(f, first))
+            if first < f <= end:
+                prefilled += tokens
+        return 1.0 + overlap / (end - first), prefilled
+
+    def _remember(self, first: float | None, end: float, tokens: float) -> None:
+        """Keep a finished request's decode span while a request in flight may still overlap it."""
+        if first is not None:
+            self._done.append((first, end, tokens))
+        horizon = min((t.arrived for t in self._in_flight.values()), default=end)
+        while self._done and self._done[0][1] < horizon:
+            self._done.popleft()
 
     def _learn_error(self, miss: float) -> None:
         """Keep the threshold below each objective by what the predictor recently under-shot."""
@@ -239,6 +304,15 @@ class Admission:
         ticket.learned = True
         self.estimate.observe_ttft(ttft, ticket.tokens_ahead, ticket.batch_mean, ticket.batch)
 
+    @staticmethod
+    def _first_token(t: Ticket, now: float) -> float | None:
+        """When an in-flight request's first token came (None: not yet). No first token is visible
+        in a non-streamed answer: assume it came when predicted."""
+        if t.stream:
+            return t.timer.first_token_at if t.timer is not None else None
+        first = t.arrived + (t.predicted_ttft or 0.0)
+        return first if first <= now else None
+
     def _queue(self, now: float) -> tuple[float, int, int]:
         """(prompt tokens of in-flight requests still waiting for their first token, how many of them,
         requests decoding).
@@ -248,14 +322,9 @@ class Admission:
         within a TTFT, not a whole response later."""
         waiting, n_waiting, decoding = 0.0, 0, 0
         for t in self._in_flight.values():
-            if t.stream:
-                first = t.timer.first_token_at
-                if first is not None and not t.learned:
-                    self._learn_ttft(t, first - t.timer.start)
-            else:
-                # No first token is visible in a non-streamed answer: assume it came when predicted.
-                first = t.arrived + (t.predicted_ttft or 0.0)
-                first = first if first <= now else None
+            first = self._first_token(t, now)
+            if t.stream and first is not None and not t.learned:
+                self._learn_ttft(t, first - t.timer.start)
             if first is None:
                 waiting += t.prompt_tokens
                 n_waiting += 1

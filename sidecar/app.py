@@ -238,7 +238,7 @@ class Sidecar:
                 span.capture_input(doc)
             ticket = self.admission.arrive(slo, doc, stream, timer, _clock())
             if ticket.shed:
-                return self._shed(ticket, slo.name)
+                return self._shed(ticket)
             headers = upstream_headers(request, measured=True)
             span.inject(headers)
             self.metrics.started(label, slo.name)
@@ -291,8 +291,8 @@ class Sidecar:
                 self.otel.record(span.operation, label, slo.name, timing, None if cancelled else error_type,
                                  successful=error_type is None and not cancelled)
             if ticket is not None:
-                self.metrics.admission(label, slo.name, ticket.predicted_ttft, self.admission.finish(ticket, timing))
-                span.admission(ticket.predicted_ttft)
+                self.metrics.admission(label, slo.name, ticket, self.admission.finish(ticket, timing))
+                span.admission(ticket)
             span.end(timing, verdict, slo, None if cancelled else error_type, end, capture_output=capture)
             if doc and self.config.advice_window:
                 self._advise(label, request.headers.get("x-tenant"), doc, timing)
@@ -310,11 +310,8 @@ class Sidecar:
             log.exception("prompt-layout advice failed")
 
     @staticmethod
-    def _shed(ticket, slo_name: str) -> web.Response:
-        return error_response(429, f"the server is at capacity: this request's predicted time to first token "
-                                   f"({ticket.predicted_ttft:.2f} s) exceeds what SLO class {slo_name!r} allows "
-                                   f"({ticket.threshold:.2f} s); retry after {ticket.retry_after} s",
-                              "rate_limit_exceeded", headers={"Retry-After": str(ticket.retry_after)})
+    def _shed(ticket) -> web.Response:
+        return error_response(429, ticket.detail, "rate_limit_exceeded", headers={"Retry-After": str(ticket.retry_after)})
 
     # ---- engine signals ----------------------------------------------------------------------
     async def scrape_once(self) -> bool:

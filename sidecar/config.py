@@ -6,8 +6,8 @@ SLO config file (`--slo-config FILE`, the shape the Helm chart renders):
     classes:
       - {name: interactive, ttft: 0.5, tpot: 0.05, e2e: 30, objective: 0.99}
       - {name: batch, ttft: 10, tpot: 0.2, objective: 0.95}
-    # optional per class: admission: true (shed requests predicted to miss ttft, answering 429),
-    # admission_margin: 0.2 (shed above 0.8 x ttft: room for the prediction's error), priority: 0
+    # optional per class: admission: true (shed requests predicted to miss ttft or tpot, answering 429),
+    # admission_margin: 0.2 (shed above 0.8 x ttft or 0.8 x tpot: room for the prediction's error), priority: 0
     # (higher is shed later)
     rules:                             # first match wins; then default_class
       - header: x-slo-class            # the header's value names the class (ignored if unknown)

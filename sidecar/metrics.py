@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
+from sidecar.admission import SHED_REASONS
 from sidecar.config import SloConfig
 from sidecar.slo import OBJECTIVES, OUTCOMES, SloClass, Verdict
 from sidecar.timing import RequestTiming
@@ -145,6 +146,17 @@ class SidecarMetrics:
         self.admission_error = Histogram("goodput_admission_ttft_error_seconds",
                                          "|predicted - measured| TTFT of admitted streamed requests: is the guard accurate?",
                                          mc, buckets=TTFT_BUCKETS, registry=registry)
+        self.admission_predicted_tpot = Histogram("goodput_admission_predicted_tpot_seconds",
+                                                  "TPOT the admission guard predicted when the request arrived, at the decode "
+                                                  "batch it would join (admitted or shed).",
+                                                  mc, buckets=TOKEN_BUCKETS, registry=registry)
+        self.admission_tpot_error = Histogram("goodput_admission_tpot_error_seconds",
+                                              "|predicted - measured| TPOT of admitted streamed requests: is the guard accurate?",
+                                              mc, buckets=TOKEN_BUCKETS, registry=registry)
+        # Why each shed request was refused: reason = ttft | tpot (the objective it was predicted to miss).
+        self.admission_shed = Counter("goodput_admission_shed", "Requests the admission guard refused with 429, by the "
+                                      "objective they were predicted to miss.", ("model", "slo_class", "reason"),
+                                      registry=registry)
         self.draining = Gauge("goodput_draining", "1 while the sidecar drains after SIGTERM.", registry=registry)
         for slo in slo_config.classes.values():
             self.slo_ratio.labels(slo.name).set(slo.objective)
@@ -155,12 +167,19 @@ class SidecarMetrics:
         self.arrived.labels(model, slo_name).inc()
         self.in_flight.labels(model).inc()
 
-    def admission(self, model: str, slo_name: str, predicted: float | None, error: float | None) -> None:
-        """Record one request's admission prediction and, once it finished, its error."""
-        if predicted is not None:
-            self.admission_predicted.labels(model, slo_name).observe(predicted)
-        if error is not None:
-            self.admission_error.labels(model, slo_name).observe(error)
+    def admission(self, model: str, slo_name: str, ticket, checked) -> None:
+        """Record one request's admission predictions (sidecar/admission.py `Ticket`), why it was
+        shed, and once it finished, the predictions' errors (`Checked`)."""
+        if ticket.predicted_ttft is not None:
+            self.admission_predicted.labels(model, slo_name).observe(ticket.predicted_ttft)
+        if ticket.predicted_tpot is not None:
+            self.admission_predicted_tpot.labels(model, slo_name).observe(ticket.predicted_tpot)
+        if ticket.reason is not None:
+            self.admission_shed.labels(model, slo_name, ticket.reason).inc()
+        if checked.ttft_error is not None:
+            self.admission_error.labels(model, slo_name).observe(checked.ttft_error)
+        if checked.tpot_error is not None:
+            self.admission_tpot_error.labels(model, slo_name).observe(checked.tpot_error)
 
     def _children(self, model: str, slo_name: str) -> tuple:
         """The labelled series of one (model, class), looked up once: `.labels()` costs a lock
@@ -216,3 +235,6 @@ def zero_series(metrics: SidecarMetrics, models: tuple[str, ...], slo_config: Sl
             for objective in slo.targets():
                 if objective in OBJECTIVES:
                     metrics.violations.labels(model, slo.name, objective)
+            if slo.admission:
+                for reason in SHED_REASONS:
+                    metrics.admission_shed.labels(model, slo.name, reason)

@@ -25,7 +25,8 @@ class SloClass:
     e2e: float | None = None    # seconds, optional
     objective: float = 0.99     # share of requests that should be good
     # Admission (sidecar/admission.py): refuse at once a request whose predicted TTFT exceeds
-    # (1 - admission_margin) x ttft. Under sustained overload the queue settles at that threshold,
+    # (1 - admission_margin) x ttft, or whose predicted TPOT exceeds (1 - admission_margin) x tpot.
+    # Under sustained overload the queue (or the batch) settles at that threshold,
     # so the margin must cover the prediction's error for admitted requests to still meet `ttft`;
     # a negative margin tolerates predicted misses instead. Off by default: shedding is a choice.
     admission: bool = False

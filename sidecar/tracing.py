@@ -95,9 +95,17 @@ class RequestSpan:
         if content is not None:
             self.span.set_attribute("gen_ai.input.messages", json.dumps(content)[:_CONTENT_LIMIT])
 
-    def admission(self, predicted_ttft: float | None) -> None:
-        if predicted_ttft is not None:
-            self.span.set_attribute("goodput.admission.predicted_ttft_seconds", predicted_ttft)
+    def admission(self, ticket) -> None:
+        """The guard's predictions for this request (sidecar/admission.py `Ticket`), and why it was shed."""
+        attrs = {}
+        if ticket.predicted_ttft is not None:
+            attrs["goodput.admission.predicted_ttft_seconds"] = ticket.predicted_ttft
+        if ticket.predicted_tpot is not None:
+            attrs["goodput.admission.predicted_tpot_seconds"] = ticket.predicted_tpot
+        if ticket.reason is not None:
+            attrs["goodput.admission.shed_reason"] = ticket.reason
+        if attrs:
+            self.span.set_attributes(attrs)
 
     def end(self, timing: RequestTiming, verdict: Verdict, slo: SloClass, error_type: str | None, end_perf: float,
             capture_output: bool = False) -> None:

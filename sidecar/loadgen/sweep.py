@@ -68,7 +68,8 @@ def write_report(out: Path, points: list[SweepPoint], objective: float, slo: dic
 def compare_markdown(doc: dict) -> str:
     """One row per rate, the labelled series side by side."""
     labels = list(doc["series"])
-    cols = ["goodput req/s", "attainment", "admitted attainment", "shed", "TTFT p99 ms (admitted)"]
+    cols = ["goodput req/s", "attainment", "admitted attainment", "shed", "TTFT p99 ms (admitted)",
+            "TPOT p99 ms (admitted)"]
     head = ["\n## Side by side\n", "| offered req/s | " + " | ".join(f"{c} ({l})" for c in cols for l in labels) + " |",
             "|---:|" + "---:|" * (len(cols) * len(labels))]
     by_rate = {label: {p["rate"]: p for p in doc["series"][label]["points"]} for label in labels}
@@ -88,7 +89,9 @@ def compare_markdown(doc: dict) -> str:
                 elif col == "shed":
                     cells.append(str(p.get("shed", 0)))
                 else:
-                    cells.append("-" if p["ttft"]["p99"] is None else f"{p['ttft']['p99'] * 1000:.0f}")
+                    key = "ttft" if col.startswith("TTFT") else "tpot"
+                    p99 = p.get(key, {}).get("p99")
+                    cells.append("-" if p99 is None else f"{p99 * 1000:.0f}")
         head.append(f"| {rate:.3g} | " + " | ".join(cells) + " |")
     return "\n".join(head) + "\n"
 

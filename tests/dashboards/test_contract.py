@@ -44,10 +44,12 @@ def test_contract_lists_every_design_metric_once():
     # engine generation and steps; 13 forecaster: latency forecasts, the service model, cold start, live scores), the
     # ttft-advice issue's 12 sidecar metrics (5 engine series, 7 goodput_prompt_*), the reliability
     # issue's goodput_malformed_requests_total and goodput_forecaster_source_errors_total, and the
-    # admission guard's goodput_admission_predicted_ttft_seconds and goodput_admission_ttft_error_seconds.
-    assert len(contract.by_source("sidecar")) == 39
+    # admission guard's goodput_admission_predicted_ttft_seconds and goodput_admission_ttft_error_seconds,
+    # and its TPOT term's goodput_admission_predicted_tpot_seconds, goodput_admission_tpot_error_seconds
+    # and goodput_admission_shed_total{reason}.
+    assert len(contract.by_source("sidecar")) == 42
     assert len(contract.by_source("forecaster")) == 20
-    assert len(contract.METRICS) == 59
+    assert len(contract.METRICS) == 62
 
 
 def test_contract_outcomes_are_the_sidecars():
@@ -56,4 +58,6 @@ def test_contract_outcomes_are_the_sidecars():
     from sidecar.slo import OUTCOMES
 
     assert contract.OUTCOMES == OUTCOMES
+    from sidecar.admission import SHED_REASONS
+    assert contract.SHED_REASONS == SHED_REASONS
     assert set(contract.BAD_OUTCOMES.split("|")) == set(OUTCOMES) - {"good", "cancelled"}

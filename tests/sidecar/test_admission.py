@@ -112,7 +112,7 @@ def test_recent_under_prediction_widens_the_headroom_up_to_a_cap():
         ticket.learned = True
         timing = RequestTiming(ttft=predicted + miss, e2e=1.0, itl=[], tpot=None, output_tokens=1, input_tokens=None,
                                finish_reasons=[], error=None, usage_seen=True, model=None)
-        assert guard.finish(ticket, timing) == pytest.approx(abs(miss))
+        assert guard.finish(ticket, timing).ttft_error == pytest.approx(abs(miss))
     assert guard.learned_headroom == pytest.approx(0.3)
     assert guard._thresholds["a"] == pytest.approx(0.7)          # 1 s less the learned 0.3 s
     high = SloClass("high", ttft=1.0, tpot=0.1, admission=True)
@@ -198,12 +198,14 @@ def test_overload_sheds_with_429_and_the_admitted_meet_ttft(sidecars, engine_lik
         pytest.fail(f"admitted requests missed TTFT in every attempt: {[r.outcome for r in admitted]}")
     assert len(shed) >= len(records) // 3, "3x capacity: at least a third must be refused"
     assert all(r.error.startswith("HTTP 429: the server is at capacity") and r.e2e < 0.2 for r in shed)
+    # The client can have read the last byte before the sidecar's finally recorded that request; the
+    # span ends last there, so once every span has ended every counter has moved.
+    span_outcomes = [s.attributes["goodput.outcome"] for s in live.finished_spans(20 + runs)]
     # Exactly once each: the sidecar's counters moved by what the client saw, outcome by outcome.
     after = outcomes(live, "interactive")
     seen = {o: sum(r.outcome == o for r in everything) for o in after}
     assert {o: after[o] - before[o] for o in after} == seen
     assert live.value("goodput_requests_arrived_total", model="scripted", slo_class="interactive") - arrived_before == runs
-    span_outcomes = [s.attributes["goodput.outcome"] for s in live.finished_spans(20 + runs)]
     assert span_outcomes[20:].count("shed") == seen["shed"]
     shed_span = next(s for s in live.spans.get_finished_spans() if s.attributes["goodput.outcome"] == "shed")
     assert shed_span.attributes["goodput.admission.predicted_ttft_seconds"] > TTFT * 0.8
@@ -243,6 +245,64 @@ def test_openai_client_gets_rate_limit_error_and_waits_retry_after(sidecars, eng
     # Two retries, each after Retry-After (the client's own backoff would be under a second).
     assert elapsed >= 2 * retry_after
     assert outcomes(live, "instant")["shed"] - shed_before == 3   # the call and its two retries
+
+
+# ---- a decode-bound upstream: TPOT breaks first -------------------------------------------------
+
+STEP, STEP_PER_SEQ = 0.01, 0.002    # the upstream's token gap: 10 ms + 2 ms per stream decoding
+DECODE_TOKENS = 24
+TPOT = 0.05                         # threshold 0.04 s at the default margin: a batch of (0.04 - 0.01) / 0.002 = 15
+
+
+@pytest.fixture(scope="module")
+def decode_bound():
+    # Prefill is nearly free (50,000 tokens/s), so the queue stays short and only the batch grows.
+    port = free_port()
+    server = ServerProcess(upstream_command(port, "--ttft", "0.005", "--itl", str(STEP), "--prefill-rate", "50000",
+                                            "--itl-per-seq", str(STEP_PER_SEQ)),
+                           f"http://127.0.0.1:{port}/health", timeout=30, name="decode-bound-upstream")
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+def decode_load(url: str, rate: float, count: int, seed: int) -> list:
+    async def run():
+        reqs = synthetic_workload(poisson_arrivals(rate, count, seed), PROMPT_WORDS, DECODE_TOKENS, seed=seed)
+        cfg = LoadConfig(base_url=url, model="scripted", slo=SloClass("load", ttft=2.0, tpot=TPOT))
+        records, _ = await run_load(cfg, reqs, PromptFactory(None, seed=seed))
+        return records
+    return asyncio.run(run())
+
+
+def test_a_decode_bound_overload_is_shed_on_tpot_and_the_admitted_meet_it(sidecars, decode_bound):
+    classes = {"name": "interactive", "ttft": 2.0, "tpot": TPOT}
+    off = sidecars.start(decode_bound, models=("scripted",), slo=slo_config(classes))
+    on = sidecars.start(decode_bound, models=("scripted",), slo=slo_config({**classes, "admission": True}))
+    # Learning at a batch of about 2, then 5 (10 req/s x 24 tokens x ~20 ms): nothing may be shed there.
+    for rate, count, seed in ((5.0, 20, 21), (10.0, 30, 22)):
+        assert [r.outcome for r in decode_load(on.url, rate, count, seed)].count("shed") == 0
+    assert on.app.admission.estimate.decode_samples >= 16
+    overload = (80.0, 120, 23)   # 1.5 s of arrivals at ~5x what a batch of 15 serves
+    baseline = decode_load(off.url, *overload)
+    # Without the guard the batch grows past 15 and TPOT is what most requests miss.
+    assert sum(r.outcome == "good" for r in baseline) / len(baseline) < 0.5
+    for attempt in range(ATTEMPTS):
+        records = decode_load(on.url, *overload)
+        shed = [r for r in records if r.outcome == "shed"]
+        admitted = [r for r in records if r.outcome != "shed"]
+        if sum(r.outcome == "good" for r in admitted) / len(admitted) >= 0.9:
+            break
+    else:
+        pytest.fail(f"admitted requests missed TPOT in every attempt: {[r.outcome for r in admitted]}")
+    assert len(shed) >= len(records) // 3
+    labels = {"model": "scripted", "slo_class": "interactive"}
+    # Every refusal was the batch, none the queue: this upstream prefills in a few milliseconds.
+    assert on.value("goodput_admission_shed_total", reason="tpot", **labels) >= len(shed)
+    assert on.value("goodput_admission_shed_total", reason="ttft", **labels) == 0
+    assert on.value("goodput_admission_tpot_error_seconds_count", **labels) > 0
+    span = next(s for s in on.spans.get_finished_spans() if s.attributes["goodput.outcome"] == "shed")
+    assert span.attributes["goodput.admission.shed_reason"] == "tpot"
+    assert span.attributes["goodput.admission.predicted_tpot_seconds"] > 0
 
 
 # ---- goodput sweep --compare: the on/off comparison end to end ---------------------------------
