@@ -36,7 +36,7 @@ def register(registry) -> None:
     p.add_argument("--otel-legacy-metrics", action="store_true",
                    help="with an OTLP endpoint, also export the GenAI metric names of semantic conventions <= v1.41 "
                         "(gen_ai.client.operation.duration, gen_ai.client.token.usage)")
-    p.add_argument("--http-server", choices=("fast", "aiohttp"), default="aiohttp",
+    p.add_argument("--http-server", choices=("fast", "aiohttp"), default="fast",
                    help="the HTTP server clients talk to: fast (the sidecar's own HTTP/1.1 server on asyncio "
                         "protocols) or aiohttp (default aiohttp)")
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
