@@ -82,7 +82,8 @@ class FastRequest:
         likes); decides the framing of the body that follows."""
         self.started = True
         self.bodyless = self.method == "HEAD" or status in (204, 304) or status < 200
-        if self._conn.closing:
+        if self._conn.closing or (self.expect_continue and not self.continue_sent and not self.body_done):
+            # Stopping, or refusing a body the client holds back for a 100 Continue that will not come.
             self.keep_alive = False
         if not reason:
             try:
