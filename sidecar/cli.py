@@ -49,7 +49,8 @@ def register(registry) -> None:
     b.add_argument("--scenarios", default="paced16,paced64,requests,sparse,fast64",
                    help="comma-separated, of paced16, paced64, requests, sparse, fast64 (default: all)")
     b.add_argument("--arms", default="direct,relay,sidecar,litellm",
-                   help="comma-separated, of direct, relay, sidecar, litellm (default: all; direct is required). "
+                   help="comma-separated, of direct, relay, sidecar, sidecar-aiohttp (the sidecar on aiohttp's HTTP "
+                        "server), litellm (default: all but sidecar-aiohttp; direct is required). "
                         "litellm is installed on first use into $GOODPUT_CACHE/litellm-venv")
 
 

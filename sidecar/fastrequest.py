@@ -49,6 +49,9 @@ class FastRequest:
         if self.body_size > self._limit:
             self.too_large = True
             self._parts.clear()     # refused anyway: keep nothing (the rest is read and dropped)
+            waiter, self._waiter = self._waiter, None
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)     # answer 413 now, not after the whole body arrived
         elif not self.too_large:
             self._parts.extend(pieces)
 

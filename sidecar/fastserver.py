@@ -74,7 +74,12 @@ class _Connection(asyncio.Protocol):
             return
         self.last_activity = time.monotonic()
         self._buf = self._buf + data if self._buf else data
-        self._process()
+        try:
+            self._process()
+        except Exception as exc:    # noqa: BLE001 - a bug here must cost one connection, not flood the log
+            kind = type(exc).__name__
+            _limited.log(logging.ERROR, kind, "unhandled %s while parsing a request", kind, exc_info=exc)
+            self.transport.abort()
 
     def eof_received(self) -> bool:
         self._eof = True
@@ -237,7 +242,9 @@ class _Connection(asyncio.Protocol):
 
     def _finish(self, request: FastRequest) -> None:
         self._request = None
-        keep = request.keep_alive and request.finished and not self.closing and not self._eof and not self._refused
+        # A half-closed client (EOF) still gets answers to the requests it sent; _process closes
+        # the connection once nothing is left to read.
+        keep = request.keep_alive and request.finished and not self.closing and not self._refused
         if self._feeding is request:
             # Answered before its body was read (413, 429, 503): read the rest and drop it, unless
             # the client still waits for a 100 Continue that will not come.
