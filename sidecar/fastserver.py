@@ -167,6 +167,7 @@ class _Connection(asyncio.Protocol):
                 return
             self.head_started = None
             self._buf = self._buf[pos:]
+            self._discarded = 0
             request = FastRequest(self, head, self.transport, self._remote, self._server.max_body_bytes)
             if head.chunked:
                 self._body = ChunkedBody()
