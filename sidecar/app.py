@@ -1,7 +1,9 @@
 """The sidecar application: routing, measurement of one request, health, drain, engine scraping.
 
 `make_app(config, registry, tracer_provider)` builds it with injected back-ends; `server.py`
-serves it with aiohttp's low-level server (no router or middleware on the hot path). The
+serves it with the sidecar's own HTTP/1.1 server (`sidecar.fastserver`, requests are
+`FastRequest`s) or aiohttp's low-level one (`web.BaseRequest`s); `Sidecar.handle` takes either
+(no router or middleware on the hot path), and `sidecar.relay` writes the response for each. The
 sidecar's own paths are /healthz, /readyz, /metrics and /advice; everything else goes to the upstream,
 and POSTs to .../chat/completions and .../completions are measured. Measured requests go through
 `sidecar.upstream` (protocol-level client, tokens relayed from data_received); the rest, health

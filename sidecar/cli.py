@@ -36,6 +36,9 @@ def register(registry) -> None:
     p.add_argument("--otel-legacy-metrics", action="store_true",
                    help="with an OTLP endpoint, also export the GenAI metric names of semantic conventions <= v1.41 "
                         "(gen_ai.client.operation.duration, gen_ai.client.token.usage)")
+    p.add_argument("--http-server", choices=("fast", "aiohttp"), default="fast",
+                   help="the HTTP server clients talk to: fast (the sidecar's own HTTP/1.1 server on asyncio "
+                        "protocols) or aiohttp (default aiohttp)")
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
 
     b = registry.command("bench sidecar", "what the sidecar adds: open loop, beside a bare relay and LiteLLM's proxy",
@@ -46,7 +49,8 @@ def register(registry) -> None:
     b.add_argument("--scenarios", default="paced16,paced64,requests,sparse,fast64",
                    help="comma-separated, of paced16, paced64, requests, sparse, fast64 (default: all)")
     b.add_argument("--arms", default="direct,relay,sidecar,litellm",
-                   help="comma-separated, of direct, relay, sidecar, litellm (default: all; direct is required). "
+                   help="comma-separated, of direct, relay, sidecar, sidecar-aiohttp (the sidecar on aiohttp's HTTP "
+                        "server), litellm (default: all but sidecar-aiohttp; direct is required). "
                         "litellm is installed on first use into $GOODPUT_CACHE/litellm-venv")
 
 
@@ -63,7 +67,8 @@ def build_config(args: argparse.Namespace):
                            engine_metrics_interval=args.engine_metrics_interval, drain_timeout=args.drain_timeout,
                            max_body_bytes=args.max_body_bytes, capture_content=args.capture_content,
                            read_timeout=args.upstream_timeout, advice_window=args.advice_window,
-                           genai_provider=args.genai_provider, otel_legacy_metrics=args.otel_legacy_metrics)
+                           genai_provider=args.genai_provider, otel_legacy_metrics=args.otel_legacy_metrics,
+                           http_server=args.http_server)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

@@ -178,6 +178,7 @@ class ProxyConfig:
     advice_window: int = 256                 # prompts per model and tenant for /advice (0 = off)
     genai_provider: str = "openai"           # gen_ai.provider.name on spans and OTel metrics (the API dialect)
     otel_legacy_metrics: bool = False        # also the OTel GenAI metric names of semconv <= v1.41
+    http_server: str = "fast"             # "fast": sidecar.fastserver; "aiohttp": aiohttp's server
 
     def __post_init__(self):
         from urllib.parse import urlsplit
@@ -197,5 +198,7 @@ class ProxyConfig:
             raise ValueError(f"--advice-window must be >= 0 prompts (0 = off), got {self.advice_window}")
         if not self.genai_provider or len(self.genai_provider) > 64:
             raise ValueError(f"--genai-provider must be a short name like openai or vllm, got {self.genai_provider!r}")
+        if self.http_server not in ("fast", "aiohttp"):
+            raise ValueError(f"--http-server must be fast or aiohttp, got {self.http_server!r}")
         if self.read_timeout <= 0 or self.connect_timeout <= 0:
             raise ValueError("upstream timeouts must be > 0 seconds")

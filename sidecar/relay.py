@@ -15,6 +15,8 @@ import aiohttp
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from sidecar.fastrequest import SENT, FastRequest
+from sidecar.http1 import HttpError
 from sidecar.timing import StreamTimer
 from sidecar.upstream import UpstreamFailed
 
@@ -49,7 +51,14 @@ def error_response(status: int, message: str, error_type: str, headers: dict | N
                         content_type="application/json", headers=headers)
 
 
-async def read_body(request: web.BaseRequest, limit: int) -> bytes:
+async def read_body(request: web.BaseRequest | FastRequest, limit: int) -> bytes:
+    if isinstance(request, FastRequest):
+        try:
+            return await request.read_body(limit)
+        except HttpError as exc:
+            if exc.status == 413:
+                raise BodyTooLarge() from None
+            raise BadRequestBody(f"the request body is not valid HTTP/1.1 framing ({exc.reason})", close=True) from None
     if request.content_length is not None and request.content_length > limit:
         raise BodyTooLarge()
     if request.headers.get("Expect", "").lower() == "100-continue" and request.version >= (1, 1):
@@ -104,6 +113,8 @@ async def open_upstream(session: aiohttp.ClientSession, method: str, url: str, h
 
 async def relay_passthrough(request: web.BaseRequest, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
     """Relay an unmeasured answer (any path but the completions ones) as it arrives."""
+    if isinstance(request, FastRequest):
+        return await _relay_passthrough_fast(request, upstream)
     out = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=response_headers(upstream))
     await out.prepare(request)
     try:
@@ -115,6 +126,20 @@ async def relay_passthrough(request: web.BaseRequest, upstream: aiohttp.ClientRe
         return out
     await out.write_eof()
     return out
+
+
+async def _relay_passthrough_fast(request: FastRequest, upstream: aiohttp.ClientResponse):
+    request.transport.write(request.start_response(upstream.status, upstream.reason, response_headers(upstream)))
+    try:
+        while data := await upstream.content.readany():
+            request.write(data)
+            await request.drain()
+    except (asyncio.TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError):
+        upstream.close()
+        request.abort()
+        return SENT
+    request.end_response()
+    return SENT
 
 
 # ---- the measured path, on sidecar.upstream's protocol-level client --------------------------
@@ -131,11 +156,16 @@ async def relay_sse(request: web.BaseRequest, conn, timer: StreamTimer, clock) -
     Each upstream piece is timed and written to the client socket from the upstream's
     data_received, without a task switch; returns (response, error type of a mid-stream failure).
     """
-    out = _SseResponse(status=conn.head.status, reason=conn.head.reason, headers=head_headers(conn.head.headers))
-    await out.prepare(request)
-    head = _take_headers(out)
-    # HTTP/1.1 clients get chunked framing; an HTTP/1.0 client gets the bytes until the close.
-    chunked = getattr(out._payload_writer, "chunked", True)
+    if isinstance(request, FastRequest):
+        out = SENT
+        head = request.start_response(conn.head.status, conn.head.reason, head_headers(conn.head.headers))
+        chunked = request.chunked
+    else:
+        out = _SseResponse(status=conn.head.status, reason=conn.head.reason, headers=head_headers(conn.head.headers))
+        await out.prepare(request)
+        head = _take_headers(out)
+        # HTTP/1.1 clients get chunked framing; an HTTP/1.0 client gets the bytes until the close.
+        chunked = getattr(out._payload_writer, "chunked", True)
     transport = request.transport
     relay = timer.relay
     loop = asyncio.get_running_loop()
@@ -164,7 +194,10 @@ async def relay_sse(request: web.BaseRequest, conn, timer: StreamTimer, clock) -
         event = b"data: " + error_body(message, error_type, 504 if error_type == "upstream_timeout" else 502) \
             + b"\n\ndata: [DONE]\n\n"
         transport.write(b"%x\r\n%s\r\n" % (len(event), event) if chunked else event)
-    await out.write_eof()
+    if out is SENT:
+        request.end_response()
+    else:
+        await out.write_eof()
     return out, error_type
 
 
@@ -201,6 +234,9 @@ async def _resume_when_drained(transport, conn, paused: list) -> None:
 async def send_body(request: web.BaseRequest, conn) -> tuple[web.StreamResponse, bytes]:
     """Read a whole (non-streaming) answer from `conn`, then send it; returns (response, body)."""
     body = await conn.read_body()
+    if isinstance(request, FastRequest):
+        request.send(conn.head.status, conn.head.reason, head_headers(conn.head.headers), body)
+        return SENT, body
     out = web.Response(status=conn.head.status, reason=conn.head.reason, body=body, headers=head_headers(conn.head.headers))
     await out.prepare(request)
     await out.write_eof()

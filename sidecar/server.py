@@ -1,4 +1,5 @@
-"""Serving the sidecar: aiohttp's low-level HTTP server, signals and drain.
+"""Serving the sidecar: its own HTTP/1.1 server (sidecar.fastserver) or aiohttp's low-level one
+(`--http-server`), signals and drain.
 
 On SIGTERM (or SIGINT) readiness fails at once and new requests get 503 with Retry-After;
 in-flight requests have `--drain-timeout` seconds to finish, then the process exits 0.
@@ -15,6 +16,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler, _ErrInfo
 
 from sidecar.app import Sidecar
+from sidecar.fastserver import FastServer
 from sidecar.ratelog import RateLimitedLog
 from sidecar.relay import error_response
 
@@ -83,7 +85,7 @@ class RunningSidecar:
 
     def __init__(self, app: Sidecar):
         self.app = app
-        self._server: web.Server | None = None
+        self._server: web.Server | FastServer | None = None
         self._listener: asyncio.base_events.Server | None = None
         self.port: int | None = None
 
@@ -91,14 +93,19 @@ class RunningSidecar:
         await self.app.start()
         # handler_cancellation: a client that disconnects cancels its handler at once, so the
         # upstream stream is closed without waiting for the next token to fail a write.
-        self._server = _Server(self.app.handle, self.app.metrics.malformed.inc, handler_cancellation=True,
-                               access_log=None, keepalive_timeout=75)
-        loop = asyncio.get_running_loop()
         config = self.app.config
+        if config.http_server == "fast":
+            self._server = FastServer(self.app.handle, self.app.metrics.malformed.inc, config.max_body_bytes)
+        else:
+            self._server = _Server(self.app.handle, self.app.metrics.malformed.inc, handler_cancellation=True,
+                                   access_log=None, keepalive_timeout=75)
+        loop = asyncio.get_running_loop()
         try:
             self._listener = await loop.create_server(self._server, config.host, config.port, backlog=1024,
                                                       reuse_address=True)
         except OSError:
+            if isinstance(self._server, FastServer):
+                await self._server.shutdown(0)
             await self.app.close()
             raise
         self.port = self._listener.sockets[0].getsockname()[1]

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import psutil
 
-ARMS = ("direct", "relay", "sidecar", "litellm")
+# sidecar-aiohttp: the sidecar on aiohttp's HTTP server (--http-server aiohttp), to compare the servers.
+ARMS = ("direct", "relay", "sidecar", "sidecar-aiohttp", "litellm")
 
 
 def free_port() -> int:
@@ -147,12 +148,13 @@ def start_stack(ttft: float, itl: float, plan: CorePlan, arms: tuple[str, ...], 
                                                        "--upstream-port", str(up_port)],
                                         f"http://127.0.0.1:{port}/health", plan.arm)
             stack.urls["relay"] = f"http://127.0.0.1:{port}"
-        if "sidecar" in arms:
-            port = free_port()
-            stack.procs["sidecar"] = Proc("sidecar", [py, "-m", "goodput_cli", "sidecar", "run", "--upstream", up_url,
-                                                      "--port", str(port), "--models", "scripted"],
-                                          f"http://127.0.0.1:{port}/healthz", plan.arm)
-            stack.urls["sidecar"] = f"http://127.0.0.1:{port}"
+        for arm, server in (("sidecar", "fast"), ("sidecar-aiohttp", "aiohttp")):
+            if arm in arms:
+                port = free_port()
+                stack.procs[arm] = Proc(arm, [py, "-m", "goodput_cli", "sidecar", "run", "--upstream", up_url,
+                                              "--port", str(port), "--models", "scripted", "--http-server", server],
+                                        f"http://127.0.0.1:{port}/healthz", plan.arm)
+                stack.urls[arm] = f"http://127.0.0.1:{port}"
         if "litellm" in arms:
             from sidecar.bench import litellm_arm
             try:

@@ -12,6 +12,13 @@ import pytest
 from tests.sidecar.conftest import upstream_stats
 from tests.support import free_port
 
+
+@pytest.fixture(params=["fast", "aiohttp"])
+def sidecar(request, sidecars, upstream):
+    """Every test here runs on both HTTP servers (`--http-server`): they share the handlers."""
+    return sidecars.start(upstream, models=("scripted",), http_server=request.param)
+
+
 CHAT = "/v1/chat/completions"
 
 

@@ -15,6 +15,13 @@ import httpx
 import openai
 import pytest
 
+
+@pytest.fixture(params=["fast", "aiohttp"])
+def sidecar(request, sidecars, upstream):
+    """Every test here runs on both HTTP servers (`--http-server`): they share the handlers."""
+    return sidecars.start(upstream, models=("scripted",), http_server=request.param)
+
+
 TTFT, ITL, N = 0.08, 0.02, 8
 TTFT_SLACK = 0.025        # loopback hops + the sidecar + a 2-core machine shared with other test runs
 MEAN_SLACK = 0.004
