@@ -103,6 +103,25 @@ class Naive(Model):
         return Fitted(self.name, mean, mean + lo, mean + hi)
 
 
+class HistoryMean(Model):
+    """The mean of the history, for the first steps before any model can be selected.
+
+    A count series at a short step is mostly Poisson noise and the trace's clumps: carrying the
+    last step forward (naive) would plan on whichever step a clump landed in, and its error
+    spread is that of two noisy steps. The running mean is the best estimate of a level that has
+    not had time to move, and its bounds come from how far later steps fell from it.
+    """
+
+    name = "history_mean"
+
+    def fit(self, y, steps):
+        y = np.asarray(y, dtype=float)
+        mean = np.full(steps, float(np.mean(y)))
+        running = np.cumsum(y) / np.arange(1, len(y) + 1)
+        lo, hi = _empirical_bounds(y, lambda t, h: running[t], steps, self.interval)
+        return Fitted(self.name, mean, mean + lo, mean + hi)
+
+
 class SeasonalNaive(Model):
     name = "seasonal_naive"
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from forecaster.models import Fitted, Forecast, Model, Naive
+from forecaster.models import Fitted, Forecast, HistoryMean, Model, Naive
 from forecaster.online import (MIN_ORIGINS, choose, conformal_quantile, origins_for, pinball_loss, pool_scores,
                                step_bounds,
                                window_actuals, window_predictions)
@@ -203,8 +203,9 @@ class ModelSelector:
         if len(y) == 0:
             raise ValueError("no history to forecast from")
         if len(y) < self.min_points:
-            self.status.source = "naive"
-            return Naive().fit(y, self.steps).forecast(self.steps)
+            # Warming up: too short a history to score a model on.
+            self.status.source = "warm-up"
+            return HistoryMean().fit(y, self.steps).forecast(self.steps)
         started = time.perf_counter()
         bc = backcast(y[-self.max_points:]) if self.pool else None
         if self.candidates and self._calls % self.reselect_every == 0:

@@ -135,3 +135,14 @@ def test_background_selection_never_delays_a_forecast():
     sel._selecting.result(timeout=5)
     assert sel.chosen == "naive"  # naive is exact-ish on a ramp; the constant 7 is far off
     sel.close()
+
+
+def test_warming_up_plans_on_the_histories_mean_not_its_last_clump():
+    """Fewer points than a model needs: the mean of the history, so a clump that landed in the
+    last step does not become the forecast for the whole horizon."""
+    y = np.array([1.0, 0.0, 0.5, 1.0, 0.0, 0.5, 1.0, 0.0, 6.5])        # a clump in the last step
+    sel = ModelSelector([Naive()], steps=5, fit_timeout=1.0, min_points=20, pool=False)
+    fc = sel.forecast(y)
+    assert sel.status.source == "warm-up" and fc.model_name == "history_mean"
+    assert fc.mean == pytest.approx(np.full(5, y.mean()))
+    assert np.all(fc.upper >= fc.mean) and fc.upper[0] < Naive().fit(y, 5).forecast(5).mean[0]
