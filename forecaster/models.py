@@ -22,6 +22,8 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 
+import math
+
 import numpy as np
 
 
@@ -117,9 +119,15 @@ class HistoryMean(Model):
     def fit(self, y, steps):
         y = np.asarray(y, dtype=float)
         mean = np.full(steps, float(np.mean(y)))
+        # A level that does not move has the same error at every horizon: how far each step fell
+        # from the mean of the steps before it (not the random walk's sqrt(h) growth).
         running = np.cumsum(y) / np.arange(1, len(y) + 1)
-        lo, hi = _empirical_bounds(y, lambda t, h: running[t], steps, self.interval)
-        return Fitted(self.name, mean, mean + lo, mean + hi)
+        errs = y[1:] - running[:-1]
+        q_lo, q_hi = _quantiles(errs, self.interval) if len(errs) >= 3 else (math.nan, math.nan)
+        if not np.isfinite(q_lo):
+            sd = float(np.std(y)) if len(y) > 1 else 0.0
+            q_lo, q_hi = -1.645 * sd, 1.645 * sd
+        return Fitted(self.name, mean, mean + q_lo, mean + q_hi)
 
 
 class SeasonalNaive(Model):

@@ -3,9 +3,11 @@ phases cut from a real trace.
 
 Calibration measures, through the sidecar, the two things a replica's SLO capacity rests on:
 prefill speed (TTFT of a short and a long prompt, one at a time, one output token each, the
-median of three) and the
-decode step against the batch (TPOT of one stream alone, then of eight at once). Those points
-are a `goodput bench engine`-shaped result, so the forecaster takes them as its `--prior` and
+median of three) and the decode step against the batch (TPOT of one stream alone, then of
+eight at once); then open-loop Poisson arrivals with the trace's own mix, 8 s at 0.3 of the
+capacity those probes give and 12 s at the capacity a fit to that gives, whose mean TPOT and
+TTFT pin the decode slope and the fixed overhead (what a live mix costs a step, which short
+probes miss). The result is a `goodput bench engine`-shaped result, so the forecaster takes them as its `--prior` and
 the service model of `forecaster.service_model` turns them into requests/s within the SLO for
 the trace's own token mix. Nothing is assumed about the machine.
 
@@ -41,8 +43,8 @@ class PhaseSpec:
 
 DEFAULT_PHASES = (
     PhaseSpec("under", 0.5, 40.0, "under capacity: goodput should equal throughput"),
-    PhaseSpec("burst", 2.0, 30.0, "a burst past capacity: the forecaster should ask for replicas first"),
-    PhaseSpec("recovery", 0.4, 50.0, "back under capacity: recovery, and the forecaster scales back"),
+    PhaseSpec("burst", 2.5, 20.0, "a burst past capacity: the forecaster should ask for replicas first"),
+    PhaseSpec("recovery", 0.4, 60.0, "back under capacity: recovery, and the forecaster scales back"),
 )
 
 
@@ -177,6 +179,54 @@ async def measure(cfg, prompts, long_prompt: int) -> tuple[dict, float]:
     return bench, t_short
 
 
+OPERATING_LOADS = (0.3, 1.0)        # the open-loop points: of the probes' capacity, then of the first fit's
+OPERATING_SECONDS = (8.0, 12.0)
+
+
+async def measure_operating_point(cfg, prompts, mix_prompt, mix_output, rate: float, seconds: float, seed: int = 5):
+    """Poisson arrivals at `rate` for `seconds`, sizes drawn from the trace's mix: the records."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    n = max(4, round(rate * seconds))
+    arrivals = np.cumsum(rng.exponential(1.0 / rate, n)) - 1.0 / rate
+    pick = rng.integers(0, len(mix_prompt), n)
+    reqs = [PlannedRequest(float(a), int(mix_prompt[i]), int(mix_output[i]), slo_class=CALIBRATION_CLASS)
+            for a, i in zip(arrivals, pick)]
+    return await _probe(cfg, prompts, reqs)
+
+
+def fit_to_operating_point(model, mix, rate: float, tpot_mean: float, ttft_mean: float):
+    """The decode slope (seconds per sequence in the batch) at which the model's mean TPOT at
+    `rate` equals the measured one, then the fixed TTFT overhead that closes the mean TTFT gap.
+    The probes alone miss what a live mix costs a step (longer contexts, prefill chunks beside
+    the decodes, the other processes on the machine); one measured operating point pins it."""
+    import math
+
+    import numpy as np
+
+    def tpot_at(c):
+        pred = replace(model, decode_per_seq_s=c, ttft_overhead_s=0.0).predict(rate, mix)
+        multi = pred.output_tokens > 1
+        return float(np.mean(pred.tpot_s[multi])) if pred.stable and multi.any() else math.inf
+
+    lo, hi = 0.0, max(model.decode_base_s, 1e-3)
+    while tpot_at(hi) < tpot_mean and hi < 10.0:
+        hi *= 2.0
+    if tpot_at(lo) >= tpot_mean:
+        c = 0.0
+    else:
+        for _ in range(40):
+            mid = (lo + hi) / 2.0
+            lo, hi = (mid, hi) if tpot_at(mid) < tpot_mean else (lo, mid)
+        c = lo
+    fitted = replace(model, decode_per_seq_s=c, ttft_overhead_s=0.0)
+    pred = fitted.predict(rate, mix)
+    ttft_pred = float(np.mean(pred.ttft_s)) if pred.stable else math.inf
+    overhead = max(0.0, ttft_mean - ttft_pred) if math.isfinite(ttft_pred) else model.ttft_overhead_s
+    return replace(fitted, ttft_overhead_s=max(overhead, model.ttft_overhead_s))
+
+
 def calibrate(cfg, prompts: Callable[[int], object], mix_prompt: list[int], mix_output: list[int], ttft: float, tpot: float,
               objective: float, step_token_budget: int, max_batch: int) -> Calibration:
     import time
@@ -196,20 +246,52 @@ def calibrate(cfg, prompts: Callable[[int], object], mix_prompt: list[int], mix_
     # predicts for it on an idle replica (its prefill and the steps around it), so it is not
     # counted twice.
     idle = float(model.predict(1e-9, TokenMix(np.array([float(SHORT_PROMPT)]), np.array([1.0]))).ttft_s[0])
-    overhead = max(0.0, t_short - idle)
-    bench["ttft_overhead_s"] = overhead
-    model = replace(model, ttft_overhead_s=overhead)
+    model = replace(model, ttft_overhead_s=max(0.0, t_short - idle))
     mix = TokenMix.from_samples(mix_prompt, mix_output)
-    capacity = model.slo_capacity_rps(mix, [Slo(ttft, tpot, objective, "demo")])
-    if not capacity > 0:
+    slo = [Slo(ttft, tpot, objective, "demo")]
+    probe_capacity = model.slo_capacity_rps(mix, slo)
+    if not probe_capacity > 0:
         raise RuntimeError(f"the measured service model serves nothing within TTFT {ttft} s / TPOT {tpot} s: "
                            f"decode step {bench['engine_decode'][0]['step_s'] * 1000:.0f} ms at batch 1, "
                            f"prefill {bench['engine_prefill']['tokens_per_s']:.0f} tokens/s; loosen the SLO")
+    # Open loop with the trace's own mix, twice: first at a share of the probes' capacity that is
+    # safe even where short probes overstate it several-fold, then at the capacity that first fit
+    # gives. A fit at light load comes out pessimistic (measured TPOT grows about linearly with
+    # the rate on this engine, where the model's batch grows slowly at first), so that second rate
+    # is still under the knee, and nearer the rates the phases run at; it pins the decode slope
+    # and the overhead.
+    tpots: list = []
+    ttfts: list = []
+    records: list = []
+    rate, first = OPERATING_LOADS[0] * probe_capacity, model
+    for k, (load, seconds) in enumerate(zip(OPERATING_LOADS, OPERATING_SECONDS)):
+        if k:
+            rate = load * model.slo_capacity_rps(mix, slo)
+        records = asyncio.run(measure_operating_point(cfg, prompts, mix_prompt, mix_output, rate, seconds, seed=5 + k))
+        tpots = [r.tpot for r in records if r.tpot is not None and r.output_tokens > 1]
+        ttfts = [r.ttft for r in records if r.ttft is not None]
+        if len(tpots) >= 3 and ttfts:
+            model = fit_to_operating_point(first, mix, rate, float(np.mean(tpots)), float(np.mean(ttfts)))
+        if not model.slo_capacity_rps(mix, slo) > 0:
+            break
+    capacity = model.slo_capacity_rps(mix, slo)
+    if not capacity > 0:
+        raise RuntimeError(f"at {rate:.2f} req/s this engine's mean TPOT was {np.mean(tpots) * 1000:.0f} ms and TTFT "
+                           f"{np.mean(ttfts) * 1000:.0f} ms: the service model fitted to that serves nothing within "
+                           f"TTFT {ttft} s / TPOT {tpot} s; loosen the SLO")
+    # The forecaster's prior: the fitted line, at batch 1 and DECODE_BATCH, beside the raw probes.
+    bench["probes"] = {"engine_decode": bench["engine_decode"], "operating_point": {
+        "rate": rate, "requests": len(records), "tpot_mean_s": float(np.mean(tpots)) if tpots else None,
+        "ttft_mean_s": float(np.mean(ttfts)) if ttfts else None}}
+    bench["engine_decode"] = [{"batch": b, "step_s": model.step_s(b)} for b in (1, DECODE_BATCH)]
+    bench["ttft_overhead_s"] = model.ttft_overhead_s
+    bench["prior_weight_requests"] += len(records)
     seconds = time.monotonic() - t0
-    d = bench["engine_decode"]
-    line = (f"measured in {seconds:.0f} s: prefill {bench['engine_prefill']['tokens_per_s']:.0f} tokens/s, "
-            f"decode step {d[0]['step_s'] * 1000:.0f} ms alone and {d[1]['step_s'] * 1000:.0f} ms at batch {DECODE_BATCH}, "
-            f"TTFT overhead {overhead * 1000:.0f} ms -> the service model serves {capacity:.2f} req/s of this "
-            f"trace's mix (mean {np.mean(mix_prompt):.0f} prompt + {np.mean(mix_output):.0f} output tokens) "
-            f"within TTFT {ttft:g} s / TPOT {tpot:g} s for {objective:.0%} of requests")
-    return Calibration(bench, overhead, capacity, seconds, line)
+    line = (f"measured in {seconds:.0f} s: prefill {model.prefill_tokens_per_s:.0f} tokens/s; decode step "
+            f"{model.decode_base_s * 1000:.0f} ms + {model.decode_per_seq_s * 1000:.1f} ms per sequence, the slope "
+            f"fitted to the mean TPOT of {len(records)} requests at {rate:.2f} req/s open loop "
+            f"({np.mean(tpots) * 1000:.0f} ms); TTFT overhead {model.ttft_overhead_s * 1000:.0f} ms -> the service "
+            f"model serves {capacity:.2f} req/s of this trace's mix (mean {np.mean(mix_prompt):.0f} prompt + "
+            f"{np.mean(mix_output):.0f} output tokens) within TTFT {ttft:g} s / TPOT {tpot:g} s for "
+            f"{objective:.0%} of requests")
+    return Calibration(bench, model.ttft_overhead_s, capacity, seconds, line)
