@@ -30,6 +30,9 @@ BUNDLED_TRACE = Path(__file__).resolve().parent.parent / "sidecar" / "loadgen" /
 def register(registry) -> None:
     p = registry.command("demo", "the embedded default: engine + sidecar + forecaster, a real trace in three phases", run)
     p.add_argument("--model", default="smollm2", help="engine model: smollm2 (default), tiny, or a path")
+    p.add_argument("--dtype", default="float32", choices=["float32", "auto", "bfloat16", "float16"],
+                   help="engine dtype (default float32: runs stay comparable; `auto` times both at start and "
+                        "its choice can flip between runs on a CPU where they are close)")
     p.add_argument("--trace", type=Path, default=BUNDLED_TRACE, help="trace to replay (default: the bundled slice of the Mooncake conversation trace)")
     p.add_argument("--phases", default=",".join(f"{s.name}:{s.load:g}:{s.seconds:g}" for s in DEFAULT_PHASES),
                    help="name:load:seconds,... with load a multiple of the calibrated capacity "
@@ -77,7 +80,8 @@ def start_stack(args, procs: list, phase_classes: list[str]) -> None:
 
     t0 = time.monotonic()
     print(f"starting the engine ({args.model}) on :{args.engine_port} (the first run fetches and converts the weights)...")
-    procs.append(ServerProcess(goodput_command("engine", "serve", "--model", args.model, "--port", str(args.engine_port)),
+    procs.append(ServerProcess(goodput_command("engine", "serve", "--model", args.model, "--port", str(args.engine_port),
+                                               "--dtype", args.dtype),
                                None, name="engine", die_with_parent=True))
     procs[-1].wait_ready_url(f"http://127.0.0.1:{args.engine_port}/health", timeout=600)
     print(f"starting the sidecar on :{args.sidecar_port}...")

@@ -43,7 +43,7 @@ class PhaseSpec:
 
 DEFAULT_PHASES = (
     PhaseSpec("under", 0.5, 40.0, "under capacity: goodput should equal throughput"),
-    PhaseSpec("burst", 2.0, 12.0, "a burst past capacity: the forecaster should ask for replicas first"),
+    PhaseSpec("burst", 3.0, 15.0, "a burst past capacity: the forecaster should ask for replicas first"),
     PhaseSpec("recovery", 0.4, 60.0, "back under capacity: recovery, and the forecaster scales back"),
 )
 
