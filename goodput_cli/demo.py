@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from goodput_cli.demo_plan import CALIBRATION_CLASS, DEFAULT_PHASES, calibrate, parse_phases, plan_phases
+from goodput_cli.demo_plan import CALIBRATION_CLASS, DEFAULT_PHASES, calibrate, parse_phases, plan_phases, spread_ties
 from goodput_cli.errors import UsageError
 
 DASHBOARDS = Path(__file__).resolve().parent.parent / "dashboards" / "generated"
@@ -154,7 +154,8 @@ def run(args: argparse.Namespace) -> int:
         reqs = traces.read_trace(args.trace)
     except traces.TraceError as exc:
         raise UsageError(str(exc)) from None
-    fitted, fit = traces.fit_to_model(reqs, max_model_len=2048, max_input=args.max_input, max_output=args.max_output)
+    fitted, fit = traces.fit_to_model(spread_ties(reqs), max_model_len=2048, max_input=args.max_input,
+                                      max_output=args.max_output)
     phase_classes = [f"phase-{s.name}" for s in specs]
     slo_dict = {"ttft": args.slo_ttft, "tpot": args.slo_tpot, "objective": args.objective}
     procs: list = []
@@ -181,6 +182,8 @@ def run(args: argparse.Namespace) -> int:
         prior = args.out / "calibration.json"
         prior.write_text(json.dumps(cal.bench, indent=2) + "\n")
         has_forecaster = start_forecaster(args, procs, prior)
+        if has_forecaster:
+            _settle(procs[-1])
         replay, phases = plan_phases(fitted, cal.capacity, specs, args.max_rate)
         print(f"replaying {len(replay)} requests of {args.trace.name} (prompts scaled x{fit.scale:.3f}, outputs capped at "
               f"{args.max_output}) in {len(phases)} phases: "
@@ -230,6 +233,26 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for p in reversed(procs):
             p.stop()
+
+
+def _settle(proc, quiet: float = 0.15, timeout: float = 45.0) -> None:
+    """Wait until the forecaster's start-up work (imports, first fits) is done: on a small
+    machine it shares the cores with the engine, and phase 1 would measure that instead."""
+    import psutil
+
+    t0 = time.monotonic()
+    ps = psutil.Process(proc.proc.pid)
+    ps.cpu_percent(None)
+    while time.monotonic() - t0 < timeout:
+        time.sleep(1.0)
+        try:
+            share = ps.cpu_percent(None) / 100.0
+        except psutil.Error:
+            return
+        if share < quiet:
+            print(f"forecaster settled after {time.monotonic() - t0:.0f} s (CPU {share:.0%} of a core)")
+            return
+    print(f"forecaster still busy after {timeout:.0f} s (CPU {share:.0%} of a core); starting anyway")
 
 
 def _class_counts(sidecar_url: str) -> dict[str, dict[str, float]]:
