@@ -23,6 +23,7 @@ from pathlib import Path
 from goodput_cli.demo_plan import CALIBRATION_CLASS, DEFAULT_PHASES, calibrate, parse_phases, plan_phases, spread_ties
 from goodput_cli.errors import UsageError
 
+TINY_PHASES = "under:0.5:8,burst:3:5,recovery:0.4:8"
 DASHBOARDS = Path(__file__).resolve().parent.parent / "dashboards" / "generated"
 BUNDLED_TRACE = Path(__file__).resolve().parent.parent / "sidecar" / "loadgen" / "data" / "mooncake_conversation_5min.jsonl"
 
@@ -34,9 +35,10 @@ def register(registry) -> None:
                    help="engine dtype (default float32: runs stay comparable; `auto` times both at start and "
                         "its choice can flip between runs on a CPU where they are close)")
     p.add_argument("--trace", type=Path, default=BUNDLED_TRACE, help="trace to replay (default: the bundled slice of the Mooncake conversation trace)")
-    p.add_argument("--phases", default=",".join(f"{s.name}:{s.load:g}:{s.seconds:g}" for s in DEFAULT_PHASES),
-                   help="name:load:seconds,... with load a multiple of the calibrated capacity "
-                        "(default %(default)s)")
+    p.add_argument("--phases", default=None,
+                   help="name:load:seconds,... with load a multiple of the calibrated capacity (default "
+                        + ",".join(f"{s.name}:{s.load:g}:{s.seconds:g}" for s in DEFAULT_PHASES)
+                        + f"; with --model tiny {TINY_PHASES})")
     p.add_argument("--max-rate", type=float, default=None,
                    help="cap the busiest phase's offered rate, req/s, scaling every phase alike (for a model faster "
                         "than this client can load)")
@@ -124,6 +126,14 @@ def forecaster_args(args, prior: Path) -> list[str]:
 
 
 def _validate(args) -> tuple:
+    # The tiny model answers in milliseconds: a short run (under a minute) says as much, and this
+    # client cannot offer its capacity, so the rates are capped.
+    tiny = args.model == "tiny"
+    if args.phases is None:
+        args.phases = TINY_PHASES if tiny else ",".join(f"{s.name}:{s.load:g}:{s.seconds:g}" for s in DEFAULT_PHASES)
+    if args.max_rate is None and tiny:
+        args.max_rate = 20.0
+    args.calibration_scale = 0.15 if tiny else 1.0
     try:
         specs = parse_phases(args.phases)
     except ValueError as exc:
@@ -175,7 +185,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             cal = calibrate(cfg, lambda k: PromptFactory(tokenizer, seed=1000 + k), [r.input_tokens for r in fitted],
                             [r.output_tokens for r in fitted], args.slo_ttft, args.slo_tpot, args.objective,
-                            step_token_budget=512, max_batch=64)
+                            step_token_budget=512, max_batch=64, time_scale=args.calibration_scale,
+                            max_rate=args.max_rate)
         except RuntimeError as exc:
             raise UsageError(str(exc)) from None
         print(f"calibration {cal.line}")
