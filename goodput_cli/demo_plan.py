@@ -7,9 +7,9 @@ median of three) and the decode step against the batch (TPOT of one stream alone
 eight at once); then open-loop Poisson arrivals with the trace's own mix, 8 s at 0.3 of the
 capacity those probes give and 12 s at the capacity a fit to that gives, whose mean TPOT and
 TTFT pin the decode slope and the fixed overhead (what a live mix costs a step, which short
-probes miss). Last, a ramp measured by the sidecar: 8 s of open-loop arrivals at the model's
-capacity, then x1.5 a step (up to four), stopping at the first rate that misses the objective;
-the last rate that met it is the capacity the phases are cut to. The result is a `goodput bench engine`-shaped result, so the forecaster takes them as its `--prior` and
+probes miss). A ramp measured by the sidecar (8 s steps from the model's capacity, x1.5 a step)
+was tried and dropped: 8 s at a rate is too short for a queue to build, so every step "met" the
+objective up to 4 req/s and the phases cut to that overloaded the replica from phase 1. The result is a `goodput bench engine`-shaped result, so the forecaster takes them as its `--prior` and
 the service model of `forecaster.service_model` turns them into requests/s within the SLO for
 the trace's own token mix. Nothing is assumed about the machine.
 
@@ -46,7 +46,7 @@ class PhaseSpec:
 
 DEFAULT_PHASES = (
     PhaseSpec("under", 0.5, 40.0, "under capacity: goodput should equal throughput"),
-    PhaseSpec("burst", 3.0, 15.0, "a burst past capacity: the forecaster should ask for replicas first"),
+    PhaseSpec("burst", 5.0, 12.0, "a burst past capacity: the forecaster should ask for replicas first"),
     PhaseSpec("recovery", 0.4, 60.0, "back under capacity: recovery, and the forecaster scales back"),
 )
 
@@ -210,7 +210,6 @@ async def measure(cfg, prompts, long_prompt: int) -> tuple[dict, float]:
 
 OPERATING_LOADS = (0.3, 1.0)        # the open-loop points: of the probes' capacity, then of the first fit's
 OPERATING_SECONDS = (8.0, 12.0)
-RAMP_FACTOR, RAMP_STEPS, RAMP_SECONDS = 1.5, 4, 8.0
 
 
 async def measure_operating_point(cfg, prompts, mix_prompt, mix_output, rate: float, seconds: float, seed: int = 5):
@@ -315,23 +314,6 @@ def calibrate(cfg, prompts: Callable[[int], object], mix_prompt: list[int], mix_
         raise RuntimeError(f"at {rate:.2f} req/s this engine's mean TPOT was {np.mean(tpots) * 1000:.0f} ms and TTFT "
                            f"{np.mean(ttfts) * 1000:.0f} ms: the service model fitted to that serves nothing within "
                            f"TTFT {ttft} s / TPOT {tpot} s; loosen the SLO")
-    # The service model's capacity is a model's; the phases rest on a measured one. A short
-    # open-loop ramp from it, x1.5 a step, stops at the first rate whose requests miss the
-    # objective; the last rate that met it is the capacity the phases are cut to.
-    model_capacity = capacity
-    ramp, rate_ok = [], None
-    for k in range(RAMP_STEPS):
-        r = model_capacity * RAMP_FACTOR ** k
-        if max_rate is not None and r > max_rate:
-            break
-        recs = asyncio.run(measure_operating_point(cfg, prompts, mix_prompt, mix_output, r, RAMP_SECONDS * time_scale,
-                                                   seed=11 + k))
-        good = sum(rec.outcome == "good" for rec in recs) / len(recs)
-        ramp.append({"rate": r, "requests": len(recs), "attainment": good})
-        if good < objective:
-            break
-        rate_ok = r
-    capacity = rate_ok if rate_ok is not None else min(model_capacity, max_rate or math.inf) * 0.5
     # The forecaster's prior: the fitted line, at batch 1 and DECODE_BATCH, beside the raw probes.
     bench["probes"] = {"engine_decode": bench["engine_decode"], "operating_point": {
         "rate": rate, "requests": len(records), "tpot_mean_s": float(np.mean(tpots)) if tpots else None,
@@ -339,16 +321,12 @@ def calibrate(cfg, prompts: Callable[[int], object], mix_prompt: list[int], mix_
     bench["engine_decode"] = [{"batch": b, "step_s": model.step_s(b)} for b in (1, DECODE_BATCH)]
     bench["ttft_overhead_s"] = model.ttft_overhead_s
     bench["prior_weight_requests"] += len(records)
-    bench["ramp"] = ramp
     seconds = time.monotonic() - t0
-    steps = ", ".join(f"{x['rate']:.2f} {'met' if x['attainment'] >= objective else 'missed'} ({x['attainment']:.0%})"
-                      for x in ramp)
     line = (f"measured in {seconds:.0f} s: prefill {model.prefill_tokens_per_s:.0f} tokens/s; decode step "
             f"{model.decode_base_s * 1000:.0f} ms + {model.decode_per_seq_s * 1000:.1f} ms per sequence, the slope "
             f"fitted to the mean TPOT of {len(records)} requests at {rate:.2f} req/s open loop "
             f"({np.mean(tpots) * 1000:.0f} ms); TTFT overhead {model.ttft_overhead_s * 1000:.0f} ms -> the service "
-            f"model serves {model_capacity:.2f} req/s of this trace's mix (mean {np.mean(mix_prompt):.0f} prompt + "
+            f"model serves {capacity:.2f} req/s of this trace's mix (mean {np.mean(mix_prompt):.0f} prompt + "
             f"{np.mean(mix_output):.0f} output tokens) within TTFT {ttft:g} s / TPOT {tpot:g} s for "
-            f"{objective:.0%} of requests; ramp from there, {RAMP_SECONDS * time_scale:.0f} s a step (req/s): {steps} -> "
-            f"capacity {capacity:.2f} req/s")
+            f"{objective:.0%} of requests")
     return Calibration(bench, model.ttft_overhead_s, capacity, seconds, line)
