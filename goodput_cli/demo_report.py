@@ -173,8 +173,8 @@ def report_markdown(r: dict) -> str:
             f"{p['load']:g}x capacity): {p['requests']} requests, {p['good']} good, {p['slo_violated']} late, "
             f"{p['shed']} shed, {p['errors']} errors; attainment {att}. Throughput {p['throughput']:.2f} req/s, "
             f"goodput {p['goodput']:.2f} req/s. TTFT p50/p90 {_ms(p['ttft_p50'])}/{_ms(p['ttft_p90'])}, "
-            f"TPOT p50/p90 {_ms(p['tpot_p50'])}/{_ms(p['tpot_p90'])}. The forecaster asked for at most "
-            f"{_n(p['desired_replicas_max'])} replicas, {_n(p['desired_replicas_end'])} at the end.")
+            f"TPOT p50/p90 {_ms(p['tpot_p50'])}/{_ms(p['tpot_p90'])}. The forecaster's desired replicas: "
+            f"at most {_n(p['desired_replicas_max'])}, {_n(p['desired_replicas_end'])} at the end.")
         lines.append("")
     lead = r["forecast_lead_seconds"]
     if lead is not None:
