@@ -18,6 +18,7 @@ from sidecar.advisor import Advisor
 from tests.support import TRACES, ServerProcess, free_port, goodput_command
 
 MOONCAKE = TRACES / "mooncake_conversation.jsonl"
+needs_traces = pytest.mark.skipif(not MOONCAKE.exists(), reason="needs ../shared/traces")
 _WORDS = ("harbour pilot tide table crossing keeper lamp signal rope anchor chart vessel river mouth "
           "channel buoy light fog horn night watch log entry weather north south wind current depth").split()
 
@@ -155,6 +156,7 @@ def _trace_block_reuse(limit: int, block: int = 512) -> float:
     return reused / total
 
 
+@needs_traces
 @pytest.mark.parametrize("limit", [500, 3000])
 def test_mooncake_exact_prefix_share_matches_the_traces_block_reuse(tmp_path, limit):
     out = tmp_path / "advice.json"
@@ -169,6 +171,7 @@ def test_mooncake_exact_prefix_share_matches_the_traces_block_reuse(tmp_path, li
     assert "exact-prefix reusable" in proc.stdout
 
 
+@needs_traces
 def test_advise_reads_load_generator_records_and_refuses_files_without_prompts(tmp_path):
     records = tmp_path / "records.jsonl"
     with open(MOONCAKE) as fh, open(records, "w") as out:
