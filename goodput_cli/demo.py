@@ -193,8 +193,6 @@ def run(args: argparse.Namespace) -> int:
         prior = args.out / "calibration.json"
         prior.write_text(json.dumps(cal.bench, indent=2) + "\n")
         has_forecaster = start_forecaster(args, procs, prior)
-        if has_forecaster:
-            _settle(procs[-1])
         replay, phases = plan_phases(fitted, cal.capacity, specs, args.max_rate)
         print(f"replaying {len(replay)} requests of {args.trace.name} (prompts scaled x{fit.scale:.3f}, outputs capped at "
               f"{args.max_output}) in {len(phases)} phases: "
@@ -246,46 +244,18 @@ def run(args: argparse.Namespace) -> int:
             p.stop()
 
 
-def _settle(proc, quiet: float = 0.15, timeout: float = 45.0) -> None:
-    """Wait until the forecaster's start-up work (imports, first fits) is done: on a small
-    machine it shares the cores with the engine, and phase 1 would measure that instead."""
-    import psutil
-
-    t0 = time.monotonic()
-    ps = psutil.Process(proc.proc.pid)
-    ps.cpu_percent(None)
-    while time.monotonic() - t0 < timeout:
-        time.sleep(1.0)
-        try:
-            share = ps.cpu_percent(None) / 100.0
-        except psutil.Error:
-            return
-        if share < quiet:
-            print(f"forecaster settled after {time.monotonic() - t0:.0f} s (CPU {share:.0%} of a core)")
-            return
-    print(f"forecaster still busy after {timeout:.0f} s (CPU {share:.0%} of a core); starting anyway")
-
-
 def _class_counts(sidecar_url: str) -> dict[str, dict[str, float]]:
     import httpx
 
     from goodput_cli import promtext
+    from goodput_cli.demo_view import outcomes_by_class
 
-    side = promtext.parse(httpx.get(f"{sidecar_url}/metrics", timeout=10).text)
-    out: dict[str, dict[str, float]] = {}
-    for (name, labels), v in side.items():
-        if name == "goodput_requests_total":
-            lab = dict(labels)
-            cls = out.setdefault(lab.get("slo_class", "?"), {})
-            cls[lab.get("outcome", "?")] = cls.get(lab.get("outcome", "?"), 0.0) + v
-    return out
-
-
-def _n(v) -> str:
-    return "-" if v is None else f"{v:.0f}"
+    return outcomes_by_class(promtext.parse(httpx.get(f"{sidecar_url}/metrics", timeout=10).text))
 
 
 def print_summary(report: dict) -> None:
+    from goodput_cli.demo_report import _n
+
     def ms(v):
         return "-" if v is None else f"{v * 1000:.0f}"
 

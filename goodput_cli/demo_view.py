@@ -19,15 +19,23 @@ from goodput_cli import promtext
 WINDOW_S = 10.0
 
 
+def outcomes_by_class(side: promtext.Samples) -> dict[str, dict[str, float]]:
+    """`goodput_requests_total` summed per SLO class and outcome."""
+    out: dict[str, dict[str, float]] = {}
+    for (name, labels), v in side.items():
+        if name == "goodput_requests_total":
+            lab = dict(labels)
+            cls = out.setdefault(lab.get("slo_class", "?"), {})
+            cls[lab.get("outcome", "?")] = cls.get(lab.get("outcome", "?"), 0.0) + v
+    return out
+
+
 def _outcomes(side: promtext.Samples, exclude_class: str) -> dict[str, float]:
     out: dict[str, float] = {}
-    for (name, labels), v in side.items():
-        if name != "goodput_requests_total":
-            continue
-        lab = dict(labels)
-        if lab.get("slo_class") == exclude_class:
-            continue
-        out[lab.get("outcome", "?")] = out.get(lab.get("outcome", "?"), 0.0) + v
+    for cls, counts in outcomes_by_class(side).items():
+        if cls != exclude_class:
+            for outcome, v in counts.items():
+                out[outcome] = out.get(outcome, 0.0) + v
     return out
 
 

@@ -70,9 +70,9 @@ def test_demo_phases_add_up_to_the_sidecars_counters(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 def test_no_process_outlives_the_demo(tmp_path, sig):
-    """Ctrl-C runs the demo's own clean-up; SIGKILL skips it, and the kernel ends the components
+    """Ctrl-C and SIGTERM run the demo's own clean-up; SIGKILL skips it, and the kernel ends the components
     (each asked for SIGTERM when its parent dies)."""
     if sig == signal.SIGKILL and not sys.platform.startswith("linux"):
         pytest.skip("the parent-death signal is Linux's prctl")
