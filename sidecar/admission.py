@@ -24,7 +24,7 @@ under the objective despite the prediction's error. Where the predictor has rece
 by more than that (the 90th percentile of measured - predicted over the last 100 admitted
 requests; a loaded or noisy engine), that learned headroom replaces the margin, up to 60 % of the
 objective. A lower-priority class also sheds once the predicted wait exceeds PRIORITY_HEADROOM of
-the tightest TTFT objective among the classes above it, because the engine serves in arrival
+the tightest TTFT threshold among the classes above it, because the engine serves in arrival
 order: a low request admitted into a long queue delays every high request behind it.
 
 TPOT. The request will decode in the batch it joins: every request in flight now (those waiting
@@ -336,11 +336,13 @@ class Admission:
 def _threshold(slo: SloClass, classes, learned_headroom: float = 0.0) -> float:
     """Predicted TTFT above which `slo` sheds: its objective less the larger of its margin and what
     the predictor recently under-shot (capped, so a wild predictor cannot shed everything); for a
-    lower-priority class also half the tightest objective above it."""
+    lower-priority class also PRIORITY_HEADROOM of the tightest threshold above it. Relative to the
+    threshold, not the objective: when a noisy engine widens the learned headroom, the high class
+    sheds earlier and the classes below must shed earlier still, or they would outlast it."""
     headroom = slo.admission_margin * slo.ttft
     if slo.admission_margin >= 0:
         # A negative margin asks to shed only predicted misses; then the learned headroom is not used.
         headroom = max(headroom, min(learned_headroom, MAX_LEARNED_HEADROOM * slo.ttft))
     own = slo.ttft - headroom
-    above = [c.ttft for c in classes if c.priority > slo.priority]
+    above = [_threshold(c, classes, learned_headroom) for c in classes if c.priority > slo.priority]
     return min(own, PRIORITY_HEADROOM * min(above)) if above else own

@@ -94,8 +94,12 @@ def test_lower_priority_classes_shed_at_a_lower_predicted_ttft():
     low = SloClass("low", ttft=0.3, tpot=0.1, admission=True, admission_margin=0.0, priority=0)
     classes = (high, mid, low)
     assert _threshold(high, classes) == pytest.approx(0.8)        # its own objective less 20 %
-    assert _threshold(mid, classes) == pytest.approx(0.5)         # half of high's 1 s: keeps room for it
-    assert _threshold(low, classes) == pytest.approx(0.3)         # its own objective is tighter still
+    assert _threshold(mid, classes) == pytest.approx(0.4)         # half of high's 0.8 s: keeps room for it
+    assert _threshold(low, classes) == pytest.approx(0.2)         # half of mid's, tighter than its own 0.3 s
+    # A noisy engine widens the learned headroom: high sheds earlier, and those below earlier still.
+    assert _threshold(high, classes, learned_headroom=0.5) == pytest.approx(0.5)
+    assert _threshold(mid, classes, learned_headroom=0.5) == pytest.approx(0.25)
+    assert _threshold(low, classes, learned_headroom=0.5) < _threshold(mid, classes, learned_headroom=0.5)
 
 
 def test_recent_under_prediction_widens_the_headroom_up_to_a_cap():
@@ -201,10 +205,16 @@ def test_overload_sheds_with_429_and_the_admitted_meet_ttft(sidecars, engine_lik
     # The client can have read the last byte before the sidecar's finally recorded that request; the
     # span ends last there, so once every span has ended every counter has moved.
     span_outcomes = [s.attributes["goodput.outcome"] for s in live.finished_spans(20 + runs)]
-    # Exactly once each: the sidecar's counters moved by what the client saw, outcome by outcome.
+    # Exactly once each: the sidecar's counters moved by what the client saw, outcome by outcome,
+    # except that the sidecar sees each first token a little before the client does: it may judge
+    # good a request the client, late by a scheduling delay, judged late; never the reverse.
     after = outcomes(live, "interactive")
+    moved = {o: after[o] - before[o] for o in after}
     seen = {o: sum(r.outcome == o for r in everything) for o in after}
-    assert {o: after[o] - before[o] for o in after} == seen
+    assert {o: moved[o] for o in ("shed", "error", "cancelled")} == {o: seen[o] for o in ("shed", "error", "cancelled")}
+    assert moved["good"] + moved["slo_violated"] == seen["good"] + seen["slo_violated"]
+    borderline = sum(r.outcome == "slo_violated" and r.ttft is not None and r.ttft < TTFT + 0.05 for r in everything)
+    assert 0 <= moved["good"] - seen["good"] <= borderline, (moved, seen)
     assert live.value("goodput_requests_arrived_total", model="scripted", slo_class="interactive") - arrived_before == runs
     assert span_outcomes[20:].count("shed") == seen["shed"]
     shed_span = next(s for s in live.spans.get_finished_spans() if s.attributes["goodput.outcome"] == "shed")
