@@ -10,10 +10,21 @@ reports the instructions is confirmed by a short timed comparison of the model's
 in the three shapes the engine spends its time in (batch-1 decode over weights larger than the
 last-level cache, a 32-row decode batch, a 256-row prefill chunk), and bfloat16 is chosen only if
 it wins all three: `auto` must never be slower than float32.
+
+A timed comparison near its bar reads either way from one start to the next (on an EPYC with
+AVX512-BF16 the batch-1 shape reads 0.9-1.2x), and an engine whose speed doubles or halves between
+restarts is worse than either choice. So the measured decision is kept, per machine, torch,
+thread count and model shapes, in $GOODPUT_CACHE/dtype-auto.json (default ~/.cache/goodput), and
+later starts reuse it; a measurement taken while the machine was busy (1-minute load average above
+half its CPUs) decides that start only and is not kept. GOODPUT_DTYPE_REMEASURE=1 measures again
+(and keeps the new answer).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,7 +158,18 @@ def choose_dtype(requested: str, device: str, model_cfg=None, measure=None, flag
                            "float32: the CPU reports neither amx_bf16 nor avx512_bf16 (bfloat16 would be emulated)")
     if model_cfg is None and measure is None:
         raise ValueError("--dtype auto on a CPU needs the model's shapes to measure")
+    if measure is None:
+        cached = _cached_choice(model_cfg, flags)
+        if cached is not None:
+            return cached
     timings = (measure or time_projections)(model_cfg)
+    choice = _decide(timings, flags)
+    if measure is None:
+        _keep_choice(model_cfg, flags, choice)
+    return choice
+
+
+def _decide(timings: dict, flags) -> DtypeChoice:
     ratios = ", ".join(f"{name} {t['float32'] / t['bfloat16']:.2f}x" for name, t in timings.items())
     have = "+".join(flags) if flags else "flags unknown"
     if bf16_wins(timings):
@@ -156,3 +178,60 @@ def choose_dtype(requested: str, device: str, model_cfg=None, measure=None, flag
     return DtypeChoice("float32", "auto", "cpu_bf16_slower",
                        f"float32: CPU with {have}, but bfloat16 projections were not {MIN_SPEEDUP}x faster at every "
                        f"shape ({ratios} float32 time / bfloat16 time)", timings)
+
+
+def _cache_path() -> Path:
+    return Path(os.environ.get("GOODPUT_CACHE") or Path.home() / ".cache" / "goodput") / "dtype-auto.json"
+
+
+def _cache_key(model_cfg, flags) -> str:
+    """What the decision depends on: the CPU, torch and its threads, the model's projection shapes."""
+    import torch
+
+    cpu = ""
+    try:
+        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name")), "")
+    except OSError:
+        pass
+    parts = [cpu, ",".join(flags or []), torch.__version__, str(torch.get_num_threads()),
+             str(layer_shapes(model_cfg)), str(model_cfg.num_layers), str(last_level_cache_bytes())]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def _read_cache() -> dict:
+    try:
+        doc = json.loads(_cache_path().read_text())
+        return doc if isinstance(doc, dict) else {}
+    except (OSError, ValueError):
+        return {}   # absent or damaged: measure again
+
+
+def _cached_choice(model_cfg, flags) -> DtypeChoice | None:
+    if os.environ.get("GOODPUT_DTYPE_REMEASURE", "") not in ("", "0"):
+        return None
+    entry = _read_cache().get(_cache_key(model_cfg, flags))
+    if not isinstance(entry, dict) or entry.get("dtype") not in DTYPES or not isinstance(entry.get("timings"), dict):
+        return None
+    choice = _decide(entry["timings"], flags)
+    when = entry.get("measured_at", "earlier")
+    return DtypeChoice(choice.dtype, "auto", choice.reason,
+                       f"{choice.detail}; measured {when}, kept in {_cache_path()} (GOODPUT_DTYPE_REMEASURE=1 "
+                       f"measures again)", choice.timings)
+
+
+def _keep_choice(model_cfg, flags, choice: DtypeChoice) -> None:
+    """Keep a quiet machine's measured decision for later starts; a busy one's decides this start only."""
+    if not choice.timings or os.getloadavg()[0] > 0.5 * (os.cpu_count() or 1):
+        return
+    path = _cache_path()
+    doc = _read_cache()
+    doc[_cache_key(model_cfg, flags)] = {"dtype": choice.dtype, "timings": choice.timings,
+                                         "measured_at": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
+        tmp.replace(path)
+    except OSError:
+        pass   # a read-only home: every start measures, as before

@@ -60,6 +60,33 @@ def test_auto_follows_the_measurement(tiny_state):
     assert (slow.dtype, slow.reason) == ("float32", "cpu_bf16_slower") and "decode_batch_1 0.70x" in slow.detail
 
 
+def test_a_quiet_measurement_is_kept_and_reused_a_busy_one_is_not(tiny_state, tmp_path, monkeypatch):
+    import engine.dtype as dtype_mod
+
+    cfg = tiny_state[0]
+    calls = []
+    answers = iter([timings(decode_batch_1=1.2, decode_batch_32=2.0), timings(decode_batch_1=0.9, decode_batch_32=2.0),
+                    timings(decode_batch_1=0.9, decode_batch_32=2.0)])
+    monkeypatch.setattr(dtype_mod, "time_projections", lambda c: calls.append(c) or next(answers))
+    monkeypatch.setenv("GOODPUT_CACHE", str(tmp_path))
+    monkeypatch.delenv("GOODPUT_DTYPE_REMEASURE", raising=False)
+    monkeypatch.setattr(dtype_mod.os, "getloadavg", lambda: (0.1, 0.1, 0.1))
+    first = choose_dtype("auto", "cpu", cfg, flags=["avx512_bf16"])
+    again = choose_dtype("auto", "cpu", cfg, flags=["avx512_bf16"])
+    # The second start reuses the first's answer instead of a fresh reading that would flip it.
+    assert (first.dtype, again.dtype, len(calls)) == ("bfloat16", "bfloat16", 1)
+    assert "kept in" in again.detail and again.timings == first.timings
+    # Asked to measure again: it does, and keeps the new answer; a busy machine's answer is not kept.
+    monkeypatch.setenv("GOODPUT_DTYPE_REMEASURE", "1")
+    monkeypatch.setattr(dtype_mod.os, "getloadavg", lambda: (64.0, 1.0, 1.0))
+    assert choose_dtype("auto", "cpu", cfg, flags=["avx512_bf16"]).dtype == "float32"
+    monkeypatch.delenv("GOODPUT_DTYPE_REMEASURE")
+    assert choose_dtype("auto", "cpu", cfg, flags=["avx512_bf16"]).dtype == "bfloat16"   # the kept one
+    # A damaged file is measured over, not a crash.
+    (tmp_path / "dtype-auto.json").write_text("{not json")
+    assert choose_dtype("auto", "cpu", cfg, flags=["avx512_bf16"]).dtype == "float32" and len(calls) == 3
+
+
 def test_auto_on_this_machine_measures_the_models_projections(tiny_state):
     # The real probe, whatever this CPU is: its choice must be the one its own timings imply.
     cfg = tiny_state[0]
