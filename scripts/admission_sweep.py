@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import urllib.request
@@ -110,9 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slo-tpot", type=float, default=0.3)
     p.add_argument("--margin", type=float, default=0.2, help="admission_margin of the guarded classes")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="float32", help="the engine's --dtype (pinned like the demo's: the knee depends on it)")
     p.add_argument("--port", type=int, default=18600)
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "admission")
     args = p.parse_args(argv)
+    args.load_before = os.getloadavg()[0]
+    print(f"load average {args.load_before:.2f} (a latency measurement: run it alone)", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     rates = ",".join(f"{args.knee * float(m):g}" for m in args.multiples.split(","))
     base = {"ttft": args.slo_ttft, "tpot": args.slo_tpot}
@@ -120,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     engine_url = f"http://127.0.0.1:{args.port}"
     urls = {name: f"http://127.0.0.1:{args.port + i}" for i, name in enumerate(("off", "on", "two"), 1)}
     # The engine first: it fetches and converts the weights, whose folder holds the tokenizer.
-    engine = ServerProcess(goodput_command("engine", "serve", "--model", args.model, "--port", str(args.port)),
+    engine = ServerProcess(goodput_command("engine", "serve", "--model", args.model, "--port", str(args.port),
+                                           "--dtype", args.dtype),
                            engine_url + "/health", timeout=600, name="engine")
     servers = [engine]
     try:
@@ -153,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for server in reversed(servers):
             server.stop()
+    args.load_after = os.getloadavg()[0]
     report = write_report(args, json.loads((args.out / "sweep" / "sweep.json").read_text()),
                           json.loads(two.read_text()), errors, reasons)
     print(report)
@@ -167,7 +173,9 @@ def write_report(args, sweep: dict, two: dict, errors: dict, reasons: dict) -> s
              f"`python scripts/admission_sweep.py {' '.join(sys.argv[1:])}`".rstrip() + "\n",
              f"SLO TTFT {args.slo_ttft} s, TPOT {args.slo_tpot} s; admission_margin {args.margin}; knee {knee:g} req/s; "
              f"{args.duration:g} s of Poisson arrivals per rate, seed {args.seed}: the same arrivals and lengths to both "
-             "sidecars (fresh prompt text per run, so the prefix cache cannot favour the second).\n",
+             "sidecars (fresh prompt text per run, so the prefix cache cannot favour the second). "
+             f"Engine --dtype {args.dtype}; 1-minute load average {args.load_before:.2f} at the start, "
+             f"{args.load_after:.2f} at the end.\n",
              (args.out / "sweep" / "summary.md").read_text().split("## Side by side", 1)[-1].strip() + "\n"]
     at_knee = {"off": off.get(knee, {}).get("goodput"), "on": on.get(knee, {}).get("goodput")}
     checks = []

@@ -44,6 +44,9 @@ def test_sidecar_flags_parse_and_reach_the_engine():
     assert str(args.slo_config) == "/etc/goodput/slo.yaml"
     engine = _args(container(dep, "engine"))
     assert (engine.command, engine.subcommand, engine.model, engine.port) == ("engine", "serve", "smollm2", engine_port)
+    assert args.http_server == "fast"
+    aiohttp = _args(container(_serving(render({"sidecar": {"httpServer": "aiohttp"}})), "sidecar"))
+    assert aiohttp.http_server == "aiohttp"
 
 
 def test_probes_and_drain_timing():
