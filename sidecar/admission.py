@@ -36,7 +36,8 @@ for a first token are ahead of it and decode beside it) and itself. Predicted TP
   largest one whose step meets the tightest TPOT threshold among its own class and the guarded
   classes in flight, and a class may use of that batch only what the classes above it leave: the
   larger of what they have in flight and what their arrival rate will bring in (Little's law:
-  rate x mean time in flight, plus one standard deviation of a Poisson count). So low classes
+  rate x mean time in flight, up to the Poisson count's quantile at the tightest objective above:
+  z standard deviations more, z = 2.33 for 99 %). So low classes
   absorb the shedding first and a high-priority arrival finds room.
 
 Nothing is shed on TTFT until MIN_SAMPLES first tokens have been measured, nor on TPOT until
@@ -47,6 +48,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from statistics import NormalDist
 from dataclasses import dataclass
 
 from sidecar.admission_estimate import RateWindow, ServiceEstimate
@@ -149,6 +151,9 @@ class Admission:
         self._thresholds = {c.name: _threshold(c, self._classes) for c in self._classes}
         self._tpot_thresholds = {c.name: c.tpot * (1 - c.admission_margin) for c in self._classes}
         self._above = {c.name: tuple(a.name for a in self._classes if a.priority > c.priority) for c in self._classes}
+        by_name = {c.name: c for c in self._classes}
+        self._reserve_z = {above: NormalDist().inv_cdf(min(0.999, max(0.5, max(by_name[n].objective for n in above))))
+                           for above in self._above.values() if above}
         self._arrivals = {c.name: RateWindow() for c in self._classes}   # every arrival: demand, shed or not
         self._prompt_rate = RateWindow()                                  # admitted prompt tokens: prefill load
         # (first token, end, prompt tokens) of finished requests a decode in flight may overlap. Capped:
@@ -224,11 +229,12 @@ class Admission:
 
     def _reserve(self, above: tuple[str, ...], now: float) -> float:
         """Requests the classes above will have in flight: arrival rate x time in flight (Little),
-        plus one Poisson standard deviation so a burst of them still finds room."""
+        up to the Poisson count's quantile at their tightest objective (normal approximation), so
+        a higher-priority arrival finds room as often as its objective asks."""
         if not above or self.in_flight_seconds is None:
             return 0.0
         expected = sum(self._arrivals[name].rate(now) for name in above) * self.in_flight_seconds
-        return expected + math.sqrt(expected)
+        return expected + self._reserve_z[above] * math.sqrt(expected)
 
     def _seconds_per_finish(self, in_flight: int) -> float:
         """How often a request in flight finishes (Little's law): the wait per request of excess."""

@@ -51,6 +51,7 @@ class Client:
             self.headers["Authorization"] = f"Bearer {api_key}"
         self.records: list[list[float]] = []
         self.errors = 0
+        self.first_error: str | None = None   # what the first failure was, so a failed run says why
         self.tokens = 0
 
     async def one(self, index: int, start: float) -> None:
@@ -58,22 +59,26 @@ class Client:
         timer = StreamTimer(start, "chat")
         feed = timer.feed
         conn = None
-        ok = False
+        ok, why = False, None
         try:
             conn = await self.pool.request("POST", "/v1/chat/completions", self.headers, self.body)
             if conn.head.status != 200:
-                await conn.read_body()
+                body = await conn.read_body()
+                why = f"HTTP {conn.head.status}: {bytes(body or b'')[:200].decode(errors='replace')}"
             else:
                 error = await conn.start_body(lambda data: feed(data, _clock()))
                 ok = error is None
-        except (UpstreamFailed, ConnectionError, OSError):
-            ok = False
+                why = None if ok else f"stream failed: {error}"
+        except (UpstreamFailed, ConnectionError, OSError) as exc:
+            ok, why = False, f"{type(exc).__name__}: {exc}"
         finally:
             if conn is not None:
                 (self.pool.release if ok else self.pool.discard)(conn)
         timing = timer.finish(_clock())
         if not ok or timing.error is not None or timing.ttft is None:
             self.errors += 1
+            if self.first_error is None:
+                self.first_error = why or timing.error or "no first token"
             return
         self.tokens += len(timing.itl) + 1     # content chunks received (one token each here)
         self.records.append([index, timing.ttft, *timing.itl])
@@ -103,7 +108,7 @@ async def open_loop(url: str, rate: float, duration: float, seed: int, tokens: i
     elapsed = _clock() - begin
     await client.pool.close()
     return {"mode": "open", "rate": rate, "scheduled": len(schedule), "requests": client.records,
-            "errors": client.errors, "unfinished": len(pending), "tokens": client.tokens,
+            "errors": client.errors, "first_error": client.first_error, "unfinished": len(pending), "tokens": client.tokens,
             "worst_send_lag_s": worst_lag, "elapsed": elapsed}
 
 
@@ -121,7 +126,7 @@ async def closed_loop(url: str, concurrency: int, duration: float, tokens: int, 
     elapsed = _clock() - begin
     await client.pool.close()
     return {"mode": "closed", "concurrency": concurrency, "requests": client.records, "errors": client.errors,
-            "unfinished": 0, "tokens": client.tokens, "worst_send_lag_s": 0.0, "elapsed": elapsed}
+            "first_error": client.first_error, "unfinished": 0, "tokens": client.tokens, "worst_send_lag_s": 0.0, "elapsed": elapsed}
 
 
 def main(argv: list[str] | None = None) -> None:

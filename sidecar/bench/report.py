@@ -35,6 +35,7 @@ class Run:
     cpu_client: float = 0.0
     loadavg_1m: float = 0.0       # at the end of the run
     worst_send_lag: float = 0.0   # how late the client sent its most delayed request
+    first_error: str | None = None  # the client's first failure in this run, if any
 
 
 def _ms(x):
@@ -65,6 +66,7 @@ def _cell(runs: list[Run], direct: list[Run] | None, arm: str) -> dict:
         "loadavg_1m": [min(r.loadavg_1m for r in runs), max(r.loadavg_1m for r in runs)],
         "worst_send_lag_ms": 1e3 * max(r.worst_send_lag for r in runs),
         "repeats": len(runs),
+        "first_error": next((r.first_error for r in runs if r.first_error), None),
     }
     if direct is not None and arm != "direct":
         diffs = []
@@ -188,6 +190,9 @@ def print_table(doc: dict) -> None:
                           _f(c["cpu_us_per_token"], "{:.1f}"), _f(c.get("cpu_per_token_vs_relay"), "{:.2f}x"),
                           f"{c['loadavg_1m'][0]:.2f}-{c['loadavg_1m'][1]:.2f}")
         console.print(table)
+        for arm, c in arms.items():
+            if c.get("errors"):
+                console.print(f"  {arm}: {c['errors']} failed, the first: {c.get('first_error') or 'unknown'}")
     for arm, why in doc["missing_arms"].items():
         console.print(f"arm {arm} missing: {why}")
     console.print("(times in ms: TTFT from the scheduled send; added = through the arm minus direct, per request "

@@ -96,7 +96,8 @@ def _measure(stack: Stack, sc: Scenario, arm: str, repeat: int, duration: float,
                scheduled=doc.get("scheduled", len(doc["requests"]) + doc["errors"]), errors=doc["errors"],
                unfinished=doc["unfinished"], tokens=doc["tokens"], elapsed=doc["elapsed"],
                cpu_arm=after[1] - before[1], cpu_upstream=after[0] - before[0], cpu_client=client_cpu,
-               loadavg_1m=os.getloadavg()[0], worst_send_lag=doc["worst_send_lag_s"])
+               loadavg_1m=os.getloadavg()[0], worst_send_lag=doc["worst_send_lag_s"],
+               first_error=doc.get("first_error"))
 
 
 def run_benchmark(scenarios: tuple[str, ...], arms: tuple[str, ...], duration: float, repeats: int,
