@@ -182,8 +182,8 @@ def run(args: argparse.Namespace) -> int:
         proc = psutil.Process()
         count = max(1, round(args.rate * seconds))
         records = work / "records.jsonl"
-        print(f"soak: {count} requests at {args.rate:g}/s for {args.minutes:g} min through http://{sidecar}; "
-              f"a sample every {every:g} s", flush=True)
+        print(f"soak: {count} requests at {args.rate:g}/s for {args.minutes:g} min through http://{sidecar} "
+              f"({config.http_server} HTTP server); a sample every {every:g} s", flush=True)
         time.sleep(1.0)
         baseline = _sample(proc, loop, registry, 0.0)
         load = ServerProcess(goodput_command("load", "--url", f"http://{sidecar}", "--model", "tiny", "--rate",
