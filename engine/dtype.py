@@ -181,7 +181,9 @@ def _decide(timings: dict, flags) -> DtypeChoice:
 
 
 def _cache_path() -> Path:
-    return Path(os.environ.get("GOODPUT_CACHE") or Path.home() / ".cache" / "goodput") / "dtype-auto.json"
+    from engine.weights.fetch import cache_dir
+
+    return cache_dir() / "dtype-auto.json"
 
 
 def _cache_key(model_cfg, flags) -> str:

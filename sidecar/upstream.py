@@ -220,6 +220,13 @@ class Connection(asyncio.Protocol):
         pieces: list[bytes] = []
         try:
             self._dechunk(data, pieces)
+        except ValueError:
+            # A chunk-size line that is not hex: the framing is lost, and with it the connection.
+            # Dropped at once, it ends the answer as a disconnect (an error event for a stream)
+            # instead of asyncio's fatal-error path and a traceback per response.
+            self._keep_alive = False
+            self._buf = b""
+            self.abort()
         finally:
             if pieces:
                 self._deliver(pieces[0] if len(pieces) == 1 else b"".join(pieces))

@@ -126,3 +126,51 @@ def test_client_disconnect_cancels_and_closes_the_upstream_stream_at_once(sideca
     assert live.value("goodput_requests_in_flight", model="scripted") == 0
     span = live.spans.get_finished_spans()[0]
     assert span.attributes["goodput.outcome"] == "cancelled" and "error.type" not in span.attributes
+
+
+@pytest.fixture
+def garbling_upstream():
+    """A raw upstream that streams one good chunk, then a chunk whose size line is not hex."""
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def serve():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                                  if line.lower().startswith(b"content-length")))
+                while len(body) < length:
+                    body += conn.recv(65536)
+                event = (b'data: {"id":"x","object":"chat.completion.chunk","created":0,"model":"scripted",'
+                         b'"choices":[{"index":0,"delta":{"content":"t0 "},"finish_reason":null}]}\n\n')
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                             + f"{len(event):x}\r\n".encode() + event + b"\r\n")
+                time.sleep(0.05)
+                conn.sendall(b"zz;\r\nnot a chunk\r\n")
+                time.sleep(0.2)
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield f"http://127.0.0.1:{port}"
+    server.close()
+
+
+@pytest.mark.parametrize("http_server", ["fast", "aiohttp"])
+def test_a_garbled_chunked_stream_from_the_upstream_ends_in_an_error_event_not_a_hang(sidecars, garbling_upstream,
+                                                                                       http_server):
+    live = sidecars.start(garbling_upstream, models=("scripted",), http_server=http_server)
+    for attempt in range(2):   # and the sidecar goes on serving after it
+        r = httpx.post(live.url + CHAT, json=chat_body(), timeout=10)
+        events = [line[6:] for line in r.text.split("\n") if line.startswith("data: ")]
+        assert json.loads(events[0])["choices"][0]["delta"]["content"] == "t0 "
+        assert json.loads(events[1])["error"]["type"] == "upstream_disconnected" and events[-1] == "[DONE]", r.text
+    assert outcome(live, "error", count=2) == 2
