@@ -126,8 +126,12 @@ class Sidecar:
         if path in OWN_PATHS and request.method in ("GET", "HEAD"):
             return await self._own(path)
         if self.draining:
-            return error_response(503, "the sidecar is draining; retry on another replica", "draining",
-                                  headers={"Retry-After": "1"})
+            # Connection: close as well, so a keep-alive client reconnects (to another replica,
+            # through the Service) instead of sending this one every request until it is gone.
+            refused = error_response(503, "the sidecar is draining; retry on another replica", "draining",
+                                     headers={"Retry-After": "1"})
+            refused.force_close()
+            return refused
         self._active += 1
         self._idle.clear()
         task = asyncio.current_task()

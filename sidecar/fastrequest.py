@@ -10,6 +10,8 @@ by Content-Length, chunked coding (HTTP/1.1) or the connection's end (HTTP/1.0).
 from __future__ import annotations
 
 import asyncio
+import time
+from email.utils import formatdate
 from http import HTTPStatus
 
 from sidecar.http1 import HttpError, RequestHead, origin_form
@@ -18,6 +20,15 @@ from sidecar.http1 import HttpError, RequestHead, origin_form
 SENT = object()
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _FRAMING = frozenset(("content-length", "transfer-encoding", "connection", "keep-alive"))
+_date = [0, ""]   # (second, its IMF-fixdate): formatted once a second, not once a response
+
+
+def http_date() -> str:
+    """The Date header's value now (RFC 9110 6.6.1: an origin server with a clock sends one)."""
+    now = int(time.time())
+    if _date[0] != now:
+        _date[0], _date[1] = now, formatdate(now, usegmt=True)
+    return _date[1]
 
 
 class FastRequest:
@@ -94,7 +105,14 @@ class FastRequest:
             except ValueError:
                 reason = "Unknown"
         lines = [f"HTTP/1.{self.version[1]} {status} {reason}"]     # an HTTP/1.0 client gets 1.0, as aiohttp does
-        lines += [f"{k}: {v}" for k, v in headers.items() if k.lower() not in _FRAMING]
+        dated = False
+        for k, v in headers.items():
+            low = k.lower()
+            if low not in _FRAMING:
+                lines.append(f"{k}: {v}")
+                dated = dated or low == "date"
+        if not dated:
+            lines.append(f"Date: {http_date()}")
         if length is not None:
             if status not in (204, 304) and status >= 200:
                 lines.append(f"Content-Length: {length}")

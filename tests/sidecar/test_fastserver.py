@@ -129,6 +129,18 @@ def test_http10_non_streaming_answer_has_a_length_and_closes(fast):
     assert b"Connection: close" in head and json.loads(body)["object"] == "text_completion"
 
 
+def test_every_answer_carries_one_date_header(fast):
+    from email.utils import parsedate_to_datetime
+
+    data = request("GET", "/healthz") + request("POST", "/v1/completions", [], STREAM)
+    responses, _ = exchange(port_of(fast), [data], half_close=False, expect=2)
+    for r in responses:
+        dates = [v for k, v in r.headers if k.lower() == "date"]
+        assert len(dates) == 1
+        when = parsedate_to_datetime(dates[0])
+        assert abs(when.timestamp() - time.time()) < 5
+
+
 def test_malformed_head_is_400_counted_and_closed(fast):
     responses, raw = exchange(port_of(fast), [b"POST /v1/completions HTTP/1.1\r\nHost : x\r\n\r\n"], expect=1)
     assert [r.status for r in responses] == [400] and responses[0].header("Connection") == "close"

@@ -37,9 +37,10 @@ def test_invalid_config_refuses_to_start_naming_the_problem(tmp_path, upstream, 
         f"ttft must be a number of seconds > 0, got -1"]
 
 
-def test_drain_finishes_in_flight_streams_refuses_new_ones_and_exits_0(start_server, upstream, port):
-    side = start_server(sidecar_cmd(upstream, port, "--drain-timeout", "10"), f"http://127.0.0.1:{port}/healthz",
-                        name="sidecar")
+@pytest.mark.parametrize("http_server", ["fast", "aiohttp"])
+def test_drain_finishes_in_flight_streams_refuses_new_ones_and_exits_0(start_server, upstream, port, http_server):
+    side = start_server(sidecar_cmd(upstream, port, "--drain-timeout", "10", "--http-server", http_server),
+                        f"http://127.0.0.1:{port}/healthz", name="sidecar")
     url = f"http://127.0.0.1:{port}"
     body = {"model": "scripted", "messages": [{"role": "user", "content": "x"}], "max_tokens": 30, "stream": True,
             "script": {"ttft": 0, "itl": 0.05}}      # 30 tokens 50 ms apart: ~1.5 s in flight
@@ -64,6 +65,7 @@ def test_drain_finishes_in_flight_streams_refuses_new_ones_and_exits_0(start_ser
     assert httpx.get(url + "/readyz", timeout=5).status_code == 503
     refused = httpx.post(url + CHAT, json=body, timeout=5)
     assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
+    assert refused.headers["Connection"] == "close"     # a keep-alive client goes to another replica
     assert refused.json()["error"]["type"] == "draining"
     assert "goodput_draining 1.0" in httpx.get(url + "/metrics", timeout=5).text
     worker.join(15)
