@@ -96,6 +96,7 @@ def target():
     try:
         yield Target(live, upstream, logs)
     finally:
+        asyncio.run_coroutine_threadsafe(upstream.stop(), runner.loop).result(10)
         runner.close()
         root.removeHandler(logs)
         root.setLevel(old_level)

@@ -31,6 +31,7 @@ class RecordingUpstream:
     protocol_errors: list[str] = field(default_factory=list)   # requests it could not parse
     port: int = 0
     _server: asyncio.base_events.Server | None = None
+    _writers: set = field(default_factory=set, repr=False)
 
     async def start(self) -> "RecordingUpstream":
         self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
@@ -40,12 +41,18 @@ class RecordingUpstream:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
+        # Close open connections while the loop still runs: a handler left waiting would be
+        # finalised after its loop has closed, and its `finally` could not close the socket.
+        for writer in list(self._writers):
+            writer.close()
+        await asyncio.sleep(0)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
         try:
             while True:
                 try:
@@ -71,6 +78,7 @@ class RecordingUpstream:
         except (ConnectionError, asyncio.LimitOverrunError, ValueError) as exc:
             self.protocol_errors.append(f"{type(exc).__name__}: {exc}")
         finally:
+            self._writers.discard(writer)
             writer.close()
 
     async def _answer(self, method: str, target: str, body: bytes, writer: asyncio.StreamWriter) -> None:

@@ -21,6 +21,7 @@ BATCH = 250          # pipelined on one connection per batch
 @pytest.mark.slow
 def test_ten_thousand_model_names_and_classes_keep_series_bounded():
     runner = SidecarThread()
+    upstream = None
     try:
         upstream = asyncio.run_coroutine_threadsafe(RecordingUpstream().start(), runner.loop).result(10)
         live = runner.start(upstream.url)
@@ -47,4 +48,6 @@ def test_ten_thousand_model_names_and_classes_keep_series_bounded():
         print(f"\n{N} requests: {len(models)} model label values, {len(classes)} class values, "
               f"{len(series)} series, {len(page)} bytes of /metrics")
     finally:
+        if upstream is not None:
+            asyncio.run_coroutine_threadsafe(upstream.stop(), runner.loop).result(10)
         runner.close()
