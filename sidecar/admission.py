@@ -148,7 +148,7 @@ class Admission:
         self._classes = tuple(slo.classes.values())
         self._misses: deque[float] = deque(maxlen=ERROR_WINDOW)   # measured - predicted, admitted requests
         self.learned_headroom = 0.0
-        self._thresholds = {c.name: _threshold(c, self._classes) for c in self._classes}
+        self._thresholds = _thresholds(self._classes)
         self._tpot_thresholds = {c.name: c.tpot * (1 - c.admission_margin) for c in self._classes}
         self._above = {c.name: tuple(a.name for a in self._classes if a.priority > c.priority) for c in self._classes}
         by_name = {c.name: c for c in self._classes}
@@ -304,7 +304,7 @@ class Admission:
         if len(self._misses) >= self.min_samples:
             ordered = sorted(self._misses)
             self.learned_headroom = max(0.0, ordered[int(ERROR_QUANTILE * (len(ordered) - 1))])
-            self._thresholds = {c.name: _threshold(c, self._classes, self.learned_headroom) for c in self._classes}
+            self._thresholds = _thresholds(self._classes, self.learned_headroom)
 
     def _learn_ttft(self, ticket: Ticket, ttft: float) -> None:
         ticket.learned = True
@@ -339,16 +339,28 @@ class Admission:
         return waiting, n_waiting, decoding
 
 
+def _thresholds(classes, learned_headroom: float = 0.0) -> dict[str, float]:
+    """Predicted TTFT above which each class sheds: its objective less the larger of its margin and
+    what the predictor recently under-shot (capped, so a wild predictor cannot shed everything);
+    for a lower-priority class also PRIORITY_HEADROOM of the tightest threshold above it. Relative
+    to the threshold, not the objective: when a noisy engine widens the learned headroom, the high
+    class sheds earlier and the classes below must shed earlier still, or they would outlast it.
+    One pass from the highest priority down (recomputed at every finish once headroom is learned)."""
+    out: dict[str, float] = {}
+    tightest_above = math.inf   # over the classes of strictly higher priority than the current level
+    level, level_min = None, math.inf
+    for c in sorted(classes, key=lambda c: -c.priority):
+        if c.priority != level:
+            tightest_above, level, level_min = min(tightest_above, level_min), c.priority, math.inf
+        headroom = c.admission_margin * c.ttft
+        if c.admission_margin >= 0:
+            # A negative margin asks to shed only predicted misses; then the learned headroom is not used.
+            headroom = max(headroom, min(learned_headroom, MAX_LEARNED_HEADROOM * c.ttft))
+        out[c.name] = min(c.ttft - headroom, PRIORITY_HEADROOM * tightest_above)
+        level_min = min(level_min, out[c.name])
+    return out
+
+
 def _threshold(slo: SloClass, classes, learned_headroom: float = 0.0) -> float:
-    """Predicted TTFT above which `slo` sheds: its objective less the larger of its margin and what
-    the predictor recently under-shot (capped, so a wild predictor cannot shed everything); for a
-    lower-priority class also PRIORITY_HEADROOM of the tightest threshold above it. Relative to the
-    threshold, not the objective: when a noisy engine widens the learned headroom, the high class
-    sheds earlier and the classes below must shed earlier still, or they would outlast it."""
-    headroom = slo.admission_margin * slo.ttft
-    if slo.admission_margin >= 0:
-        # A negative margin asks to shed only predicted misses; then the learned headroom is not used.
-        headroom = max(headroom, min(learned_headroom, MAX_LEARNED_HEADROOM * slo.ttft))
-    own = slo.ttft - headroom
-    above = [_threshold(c, classes, learned_headroom) for c in classes if c.priority > slo.priority]
-    return min(own, PRIORITY_HEADROOM * min(above)) if above else own
+    """One class's threshold (see _thresholds)."""
+    return _thresholds(classes, learned_headroom)[slo.name]

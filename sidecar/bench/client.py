@@ -64,7 +64,7 @@ class Client:
             conn = await self.pool.request("POST", "/v1/chat/completions", self.headers, self.body)
             if conn.head.status != 200:
                 body = await conn.read_body()
-                why = f"HTTP {conn.head.status}: {bytes(body or b'')[:200].decode(errors='replace')}"
+                why = f"HTTP {conn.head.status}: {body[:200].decode(errors='replace')}"
             else:
                 error = await conn.start_body(lambda data: feed(data, _clock()))
                 ok = error is None
