@@ -49,6 +49,9 @@ class OnlineCapacity:
         self.learned_rps: float | None = None
         self.max_seen_rps = 0.0
         self.num_saturated_steps = 0
+        # Throughput while a queue waited, whether or not SLOs held: the rate at which a backlog
+        # drains (its requests are late already), as distinct from the rate at which SLOs hold.
+        self.drain_rps: float | None = None
 
     def observe(self, served_rps: float, ready_replicas: int, queue: float, good_rps: float | None) -> None:
         if ready_replicas <= 0 or not math.isfinite(served_rps) or served_rps <= 0:
@@ -57,6 +60,8 @@ class OnlineCapacity:
         self.max_seen_rps = max(self.max_seen_rps, per_replica)
         if queue < self.min_queue:
             return  # idle replicas: throughput is what was asked, not what they can do
+        self.drain_rps = per_replica if self.drain_rps is None else \
+            self.drain_rps + self.weight * (per_replica - self.drain_rps)
         if good_rps is not None and good_rps < self.good_share * served_rps:
             return  # SLOs did not hold at this rate: it is past the capacity we want
         self.num_saturated_steps += 1

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from statistics import NormalDist
 
 import numpy as np
 
@@ -212,7 +213,7 @@ class ForecastPolicy:
                 self.service.observe(obs)
                 self._capacity_cache = None
                 good = _delta(prev.good_total, sample.good_total)
-                target = max((x.ratio for x in self.slos), default=0.99)
+                target = self._target_ratio()
                 if good is not None and obs.ended > 0 and good >= target * obs.ended:
                     self._demonstrated.append(good / obs.dt / obs.replicas)
                 else:
@@ -265,9 +266,20 @@ class ForecastPolicy:
             self.config.cold_start_seconds = float(seconds)
 
     # -- the decision ---------------------------------------------------------------------
+    @property
+    def drain_rps(self) -> float:
+        """Requests/s one replica takes off a backlog: what replicas served per second while a
+        queue waited (busy, SLOs or not), never less than the SLO capacity. A queue's requests
+        are judged already; clearing it is a matter of throughput, while new demand is planned at
+        the rate SLOs hold. A model fitted in a burst's aftermath can put the SLO capacity far
+        below throughput, and then draining at it would ask for many times the replicas needed."""
+        mu = self.capacity_rps
+        seen = self.online.drain_rps
+        return max(mu, seen) if seen is not None and math.isfinite(seen) else mu
+
     def fluid_queue(self, q0: float, lam: np.ndarray, ready_at: np.ndarray) -> np.ndarray:
-        """Queue after each step: q ← max(0, q + (λ_k − μ·N_k)·Δ)."""
-        mu, dt = self.capacity_rps, self.config.step_seconds
+        """Queue after each step: q ← max(0, q + (λ_k − μ·N_k)·Δ), μ the drain rate."""
+        mu, dt = self.drain_rps, self.config.step_seconds
         out = np.empty(len(lam))
         q = q0
         for k in range(len(lam)):
@@ -304,7 +316,11 @@ class ForecastPolicy:
         last = self.history.last_sample
         mu = self.capacity_rps
         if last is None or len(self.history.rates["arrivals"].values()) == 0:
-            return Decision(cfg.min_replicas, 0.0, 0.0, 0.0, 0.0, mu, "none")  # nothing observed yet
+            # Nothing to go on yet: keep what is there (publishing the minimum would have the HPA
+            # take the fleet down to it the moment a forecaster starts or restarts).
+            held = cfg.min_replicas if last is None else \
+                min(cfg.max_replicas, max(cfg.min_replicas, int(last.ready_replicas) + max(0, int(starting_replicas))))
+            return Decision(held, 0.0, 0.0, 0.0, 0.0, mu, "none", reasons=("hold",))
         arrivals = self.history.rates["arrivals"]
         y = arrivals.values()
         fc = self.selector.forecast(y, end_index=arrivals.series.last_index)
@@ -335,7 +351,8 @@ class ForecastPolicy:
         # requests more than usual in one step at a low rate is not read as a step change, while
         # a real one (load doubling past capacity) shows within two steps.
         rate_now = _rate_lower_bound(y[-2:], cfg.step_seconds)
-        need_now = math.ceil((rate_now + max(0.0, q0 - cfg.target_queue) / cfg.drain_seconds) / mu - 1e-9)
+        need_now = math.ceil(rate_now / mu + max(0.0, q0 - cfg.target_queue) / cfg.drain_seconds / self.drain_rps
+                             - 1e-9)
         # The demand's upper bound: of the mean rate over the last `drain_seconds` of the horizon
         # (a queue drains within that, so shorter bursts need no replica of their own), with
         # per-step errors treated as independent as in cumulative_upper.
@@ -360,22 +377,31 @@ class ForecastPolicy:
         """Replicas for recurring bursts shorter than the cold start: a replica ordered when such
         a burst begins serves after it has ended, so only capacity already there serves it.
 
-        Over the last five cold starts, the arrival rate averaged over the drain time (a queue
-        shorter than that drains afterwards): a burst is a run of those means above halfway
-        between their median and their upper quantile (the forecast interval's). With two or
-        more bursts, each shorter than the cold start, the floor holds that upper quantile. A
-        level shift (one long run) or a lone burst holds nothing: the forecast follows those.
+        Over the last five cold starts, the arrival rate averaged over the tightest TTFT
+        objective (a request can wait that long, no longer, so a burst's excess cannot be spread
+        wider; at least one step, the finest the forecaster sees). The floor's rate is the one
+        that the SLO's objective ratio of the *requests* arrived at or under (a quantile weighted
+        by requests: a burst step carries many, so a per-step quantile would leave the bursts
+        themselves uncovered). A burst is a run of those means above halfway between their
+        median and that rate. With two or more bursts, each shorter than the cold start, the
+        floor holds that rate. A level shift (one long run) or a lone burst holds nothing: the
+        forecast follows those.
         """
         cfg = self.config
         memory = max(2, math.ceil(5 * max(cfg.cold_start_seconds, cfg.step_seconds) / cfg.step_seconds))
-        w = max(1, math.ceil(cfg.drain_seconds / cfg.step_seconds))
+        w = self._burst_window_steps()
         recent = y[-memory:]
         if len(recent) < 2 * w or mu <= 0:
             return 0
         means = np.convolve(recent, np.ones(w) / w, mode="valid")
-        high = float(np.quantile(means, 0.5 + cfg.interval / 2.0))
-        mid = (float(np.median(means)) + high) / 2.0
-        above = means > mid
+        ratio = self._target_ratio()
+        high = _request_quantile(means, ratio)
+        median = float(np.median(means))
+        # Poisson variation around the level is not a burst: the service model's queue already
+        # prices it. A burst stands out by more than the objective ratio's quantile of that noise.
+        window_s = w * cfg.step_seconds
+        noise = NormalDist().inv_cdf(ratio) * math.sqrt(max(median, 0.0) * window_s) / window_s
+        above = means > max((median + high) / 2.0, median + noise)
         if not above.any():
             return 0
         edges = np.flatnonzero(np.diff(np.concatenate([[0], above.astype(np.int8), [0]])))
@@ -383,11 +409,23 @@ class ForecastPolicy:
         cold_steps = max(1, math.ceil(cfg.cold_start_seconds / cfg.step_seconds))
         if len(runs) < 2 or int(runs.max()) + w - 1 > cold_steps:
             return 0
-        return math.ceil(high / mu - 1e-9)
+        return _shortfall_replicas(means, mu, 1.0 - ratio)
+
+    def _target_ratio(self) -> float:
+        """The strictest objective ratio among the SLO classes (0.99 while none is known)."""
+        return max((x.ratio for x in self.slos), default=0.99)
+
+    def _burst_window_steps(self) -> int:
+        ttft = min((x.ttft_s for x in self.slos), default=0.0)
+        return max(1, math.ceil(ttft / self.config.step_seconds - 1e-9))
 
     def _stabilise(self, now: float, raw: int, current: int, demand_floor: int) -> int:
         """Up at once; down only to the highest recommendation of the last window (as HPA does)."""
         window = self.config.scale_down_window_seconds
+        if not self._recommendations:
+            # As a new HPA does: the window starts full of the replicas already there, so the
+            # first minutes, while little is known, do not take away capacity someone sized.
+            self._recommendations.append((now, current))
         self._recommendations.append((now, raw))
         while self._recommendations and self._recommendations[0][0] < now - window:
             self._recommendations.popleft()
@@ -399,6 +437,38 @@ class ForecastPolicy:
 
     def close(self) -> None:
         self.selector.close()
+
+
+def _shortfall_replicas(rates: np.ndarray, mu: float, budget: float) -> int:
+    """The fewest replicas (each serving `mu` requests/s within the SLO) at which the requests
+    arriving beyond capacity, Σ max(0, r_k − N·μ), stay within `budget` of all that arrived: the
+    SLO's error budget spent on the excess of the bursts, not on every request of a busy step."""
+    rates = np.clip(np.asarray(rates, dtype=float), 0.0, None)
+    total = float(rates.sum())
+    if total <= 0 or mu <= 0:
+        return 0
+    lo, hi = 0, max(1, math.ceil(float(rates.max()) / mu - 1e-9))
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if float(np.clip(rates - mid * mu, 0.0, None).sum()) <= budget * total + 1e-12:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def _request_quantile(rates: np.ndarray, q: float) -> float:
+    """The rate at or under which a share `q` of the requests arrived, given per-step rates
+    (each step weighted by the requests it carried)."""
+    rates = np.asarray(rates, dtype=float)
+    if len(rates) == 0:
+        return 0.0
+    total = float(np.clip(rates, 0.0, None).sum())
+    if total <= 0:
+        return 0.0
+    order = np.sort(np.clip(rates, 0.0, None))
+    cum = np.cumsum(order) / total
+    return float(order[min(len(order) - 1, int(np.searchsorted(cum, q - 1e-12)))])
 
 
 def _rate_lower_bound(rates: np.ndarray, step_s: float) -> float:

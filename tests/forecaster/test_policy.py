@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from forecaster.capacity import OnlineCapacity, load_sweep_capacity
-from forecaster.policy import Decision, FleetSample, ForecastPolicy, PolicyConfig, cumulative_upper
+from forecaster.policy import Decision, FleetSample, ForecastPolicy, PolicyConfig, _shortfall_replicas, cumulative_upper
 
 
 def sample(t, arrivals, queue=0.0, ready=1, in_flight=0.0, good=None):
@@ -164,8 +164,8 @@ def _run_rates(rate_at, seconds=3600, capacity=1.0):
 
 def test_recurring_bursts_shorter_than_the_cold_start_hold_a_floor():
     # A 60-s burst of 10 req/s every 5 minutes over a 1 req/s base (cold start 180 s): between
-    # bursts the forecaster keeps about the burst's replicas (10 at 1 req/s each; the floor is the
-    # upper quantile of 60-s means on the 15-s grid, so 9 or 10), not the base's one.
+    # bursts the forecaster keeps about the burst's replicas (10 at 1 req/s each; the floor leaves
+    # at most 1 % of the requests beyond capacity, so 9 or 10), not the base's one.
     out = _run_rates(lambda t: 10.0 if (t % 300) < 60 else 1.0)
     quiet = [d for t, d in out if t > 1200 and 120 <= (t % 300) < 285]
     assert quiet and min(d.desired_replicas for d in quiet) >= 9
@@ -180,3 +180,53 @@ def test_a_level_shift_down_or_a_lone_burst_holds_no_floor():
     # remains for a while is the forecast interval the burst widened, not the floor).
     lone = _run_rates(lambda t: 10.0 if 600 <= t < 660 else 1.0, seconds=1800)
     assert not any("burst" in d.reasons for t, d in lone)
+
+
+def test_before_any_rate_is_known_the_forecaster_holds_the_fleet():
+    # One sample, no rate yet: publishing the minimum would have the HPA take 5 replicas to 1 the
+    # moment a forecaster starts or restarts.
+    policy = ForecastPolicy(PolicyConfig(capacity_rps=1.0, models=("naive",)))
+    policy.observe(sample(0.0, 0.0, ready=5))
+    d = policy.decide(0.0, starting_replicas=2)
+    assert d.desired_replicas == 7 and d.reasons == ("hold",)
+    policy.close()
+
+
+def test_the_first_window_keeps_the_replicas_already_there():
+    # As a new HPA seeds its window with the current count: a fleet of 10 under 1 req/s keeps its
+    # 10 for the first scale-down window, then goes down to what the demand needs.
+    policy = ForecastPolicy(PolicyConfig(capacity_rps=1.0, models=("naive",), scale_down_window_seconds=300.0))
+    decisions = []
+    for k in range(50):
+        t = k * 15.0
+        policy.observe(sample(t, t * 1.0, ready=10))
+        decisions.append((t, policy.decide(t).desired_replicas))
+    assert min(n for t, n in decisions if t < 300) == 10, decisions
+    assert max(n for t, n in decisions if t >= 330) <= 3, decisions
+    policy.close()
+
+
+def test_a_backlog_drains_at_throughput_not_at_the_slo_rate():
+    # A queue of 300 has waited for ten minutes while 2 replicas served 8 req/s between them (4
+    # each, flat out). The SLO capacity is 1 req/s a replica: new demand needs 8 replicas, and
+    # the backlog drains in the drain time at the 4 req/s replicas were seen to serve, so
+    # 8 + 300 / 60 / 4 -> 10, not (8 + 300 / 60) / 1 = 13.
+    policy = ForecastPolicy(PolicyConfig(capacity_rps=1.0, models=("naive",), drain_seconds=60.0))
+    for k in range(40):
+        t = k * 15.0
+        policy.observe(sample(t, t * 8.0, queue=300.0, ready=2, in_flight=310.0))
+    assert policy.drain_rps == pytest.approx(4.0)
+    d = policy.decide(39 * 15.0)
+    assert 9 <= d.desired_replicas <= 11, d
+    policy.close()
+
+
+def test_the_burst_floor_spends_the_error_budget_on_the_excess():
+    # 95 steps at 10 req/s and 5 at 50: covering 99 % of the requests per step would leave the
+    # five burst steps (21 % of the requests) uncovered at 10 replicas; leaving at most 1 % of
+    # the requests beyond capacity needs 5 (50 - N) <= 12, so N = 48 at 1 req/s each.
+    rates = np.array([10.0] * 95 + [50.0] * 5)
+    assert _shortfall_replicas(rates, 1.0, 0.01) == 48
+    # Noise of a tenth around the level costs one replica above the mean, not the burst's.
+    assert _shortfall_replicas(np.array([9.0, 11.0] * 50), 1.0, 0.01) == 11
+    assert _shortfall_replicas(np.zeros(10), 1.0, 0.01) == 0
