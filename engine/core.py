@@ -96,10 +96,14 @@ class LLMEngine:
                                   "lower max_tokens or raise --kv-cache-memory / --num-blocks")
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    salt: str | None = None, detokenize: bool = True) -> Request:
+                    salt: str | None = None, detokenize: bool = True, arrival_time: float | None = None) -> Request:
+        """`arrival_time` (time.monotonic()) is when the server received the request, as vLLM's
+        frontend stamps it: the queue time then includes the rest of the step that was running."""
         n = len(prompt_token_ids)
         self.check_request(n, params)
         req = Request(request_id, list(prompt_token_ids), params, salt=salt)
+        if arrival_time is not None:
+            req.arrival_time = min(float(arrival_time), req.arrival_time)
         detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids) if detokenize and self.tokenizer else None
         self._out[request_id] = _OutputState(detok, list(params.stop))
         self.scheduler.add(req)

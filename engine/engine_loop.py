@@ -75,7 +75,7 @@ class EngineLoop:
             if cmd[0] == "add":
                 _, rid, prompt_ids, params, salt, stream = cmd
                 try:
-                    self.engine.add_request(rid, prompt_ids, params, salt)
+                    self.engine.add_request(rid, prompt_ids, params, salt, arrival_time=stream.arrival)
                     self._streams[rid] = stream
                 except ValueError as exc:
                     stream.loop.call_soon_threadsafe(stream.queue.put_nowait, EngineError(str(exc)))

@@ -8,9 +8,10 @@ Every forecast step turns the fleet's counters and gauges into per-replica obser
   per iteration of this very step (it moves as soon as the batch does; TPOT waits for requests to end),
   fitted as y = a + c·x by weighted least squares with exponential forgetting (recent steps count
   more; a weak prior keeps the slope sane while the batch has not moved);
-- prefill: per step, the mean TTFT net of the model's own M/G/1 queue wait at the observed arrival
-  rate (or the engine's own per-request prefill time where it exports one: vLLM's
-  `request_prefill_time_seconds`, normalised by the sidecar) against the step's mean prompt length,
+- prefill: per step, the seconds a prompt token occupies the model's M/G/1 prompt queue that make
+  its mean W + S match the mean TTFT at the observed arrival rate (or, where the engine splits
+  them, its queue + prefill time: vLLM's `request_queue_time_seconds` and
+  `request_prefill_time_seconds`, normalised by the sidecar), against the step's mean prompt length,
   fitted as a robust line: its slope is the time a prompt token occupies the prefill queue (the
   prefill rate once the decode part of its chunks' steps is taken off), its intercept the fixed
   part of TTFT every request pays (scheduling, tokenisation, network);
@@ -274,11 +275,22 @@ class OnlineServiceModel:
         ttft_mean = o.ttft_sum / o.ttft_count if (o.ttft_count and o.ttft_sum is not None) else None
         if o.prefill_count and o.prefill_sum is not None and o.prefill_count > 0 and p_mean > 0:
             prefill_mean = o.prefill_sum / o.prefill_count
-            # The engine's prefill time runs from scheduling to the first token: it holds the step
-            # that samples that token, which service_model.predict counts on its own.
-            k = max(prefill_mean - step, 0.1 * prefill_mean) / p_mean
-            if ttft_mean is not None and o.queue_count and o.queue_sum is not None:
-                extra = ttft_mean - o.queue_sum / o.queue_count - prefill_mean
+            queue_mean = o.queue_sum / o.queue_count if (o.queue_count and o.queue_sum is not None) else None
+            if queue_mean is not None:
+                # Queue + prefill, as the engine splits them, is the model's W + S(P) + 1.5 steps:
+                # the rest of the step running at arrival, the prompt queue (prompts scheduled in
+                # the same step share it, so a prompt's prefill time holds its neighbours' compute
+                # too: dividing it by its own tokens would overstate the cost of a token by the
+                # prompts a step carries), its own compute, and the step that samples its first
+                # token. So the same M/G/1 inversion as from TTFT, on the engine's own clock.
+                net = max(queue_mean + prefill_mean - 1.5 * step, 0.1 * prefill_mean)
+                k = _service_per_token(net, lam_r, p_mean, self._prompt_m2(p_mean))
+            else:
+                # The prefill time alone runs from scheduling to the first token: it holds the
+                # step that samples that token, which service_model.predict counts on its own.
+                k = max(prefill_mean - step, 0.1 * prefill_mean) / p_mean
+            if ttft_mean is not None and queue_mean is not None:
+                extra = ttft_mean - queue_mean - prefill_mean
                 self._add_lin(self._overhead, max(0.0, extra), float(o.ttft_count))
         elif ttft_mean is not None and p_mean > 0:
             # TTFT less the steps every request waits through (predict counts 1.5 of them).
@@ -316,7 +328,13 @@ class OnlineServiceModel:
         acc[2] += w * value * value
 
     def _prompt_m2(self, p_mean: float) -> float:
-        """E[P²] of the assumed prompt distribution (TokenMix.from_means: exponential, 2·mean²)."""
+        """E[P²] of the prompt lengths: from the sidecars' per-request histograms where they
+        export them (as mix() draws them), else exponential lengths (TokenMix.from_means: 2·mean²)."""
+        prompt_hist, output_hist = self._hist
+        if sum(prompt_hist.values()) >= 20 and sum(output_hist.values()) >= 20:
+            mix = self.mix()
+            if mix is not None:
+                return float(np.mean(np.square(mix.prompt_tokens)))
         return 2.0 * p_mean * p_mean
 
     def mix_means(self) -> tuple[float, float]:

@@ -81,3 +81,27 @@ def test_a_top_p_below_float32_resolution_keeps_the_most_likely_token():
     logits = torch.tensor([[0.0, 3.0, 1.0, -2.0]])
     for top_p in (5e-324, 1e-45):
         assert Sampler().sample(logits, ["r"], [SamplingParams(max_tokens=1, top_p=top_p)]) == [1]
+
+
+def test_queue_time_counts_from_when_the_server_received_the_request(make_engine, tiny_tokenizer):
+    # vLLM stamps arrival in its frontend, so a request that came in while a step ran has that
+    # step's rest in its queue time; the engine thread only sees it between steps.
+    import time
+
+    engine = make_engine(num_blocks=32)
+    ids = tiny_tokenizer.encode("The keeper climbed the stairs")
+    received = time.monotonic() - 0.25
+    engine.add_request("r", ids, SamplingParams(max_tokens=2, temperature=0), detokenize=False,
+                       arrival_time=received)
+    outs = []
+    while engine.has_work():
+        outs.extend(engine.step())
+    times = outs[-1].times
+    assert times is not None and times.queue >= 0.25
+    # A stamp from the future (a caller's clock error) never makes the queue time negative.
+    engine.add_request("s", ids, SamplingParams(max_tokens=2, temperature=0), detokenize=False,
+                       arrival_time=time.monotonic() + 60)
+    outs = []
+    while engine.has_work():
+        outs.extend(engine.step())
+    assert 0 <= outs[-1].times.queue < 5
