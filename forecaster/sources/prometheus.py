@@ -32,6 +32,16 @@ DEFAULT_QUERIES = {
     "ttft_count": "sum(rate(goodput_ttft_seconds_count[{window}]))",
     "tpot_sum": "sum(rate(goodput_tpot_seconds_sum[{window}]))",
     "tpot_count": "sum(rate(goodput_tpot_seconds_count[{window}]))",
+    # For the service model (forecaster/service_learn.py): the engines' queue / prefill split and
+    # iterations, normalised by the sidecars, and the per-request token histograms by bucket.
+    "prefill_sum": "sum(rate(goodput_engine_prefill_time_seconds_sum[{window}]))",
+    "prefill_count": "sum(rate(goodput_engine_prefill_time_seconds_count[{window}]))",
+    "queue_sum": "sum(rate(goodput_engine_queue_time_seconds_sum[{window}]))",
+    "queue_count": "sum(rate(goodput_engine_queue_time_seconds_count[{window}]))",
+    "generation_tokens": "sum(rate(goodput_engine_generation_tokens_total[{window}]))",
+    "engine_steps": "sum(rate(goodput_engine_steps_total[{window}]))",
+    "input_token_hist": "sum by (le) (rate(goodput_request_input_tokens_bucket[{window}]))",
+    "output_token_hist": "sum by (le) (rate(goodput_request_output_tokens_bucket[{window}]))",
     "in_flight": "sum(goodput_requests_in_flight)",
     "queue_waiting": "sum(goodput_engine_requests_waiting)",
     "running": "sum(goodput_engine_requests_running)",
@@ -40,7 +50,10 @@ DEFAULT_QUERIES = {
     "starting_replicas": "",  # e.g. kube-state-metrics: sum(kube_deployment_status_replicas_unavailable{...})
 }
 RATES = ("arrivals", "good", "input_tokens", "output_tokens", "preemptions", "ended", "ttft_sum", "ttft_count",
-         "tpot_sum", "tpot_count")
+         "tpot_sum", "tpot_count", "prefill_sum", "prefill_count", "queue_sum", "queue_count", "generation_tokens",
+         "engine_steps")
+# Rates per histogram bucket (one series per `le`), integrated into cumulative counts per bucket.
+BUCKETED = ("input_token_hist", "output_token_hist")
 SLO_QUERIES = ("max by (slo_class, objective) (goodput_slo_target_seconds)",
                "max by (slo_class) (goodput_slo_objective_ratio)")
 
@@ -60,6 +73,8 @@ class PrometheusSource:
         self.step_seconds = step_seconds
         self._client = httpx.Client(base_url=url.rstrip("/"), timeout=timeout)
         self._totals = {k: 0.0 for k in RATES}
+        self._seen = {k: False for k in RATES}          # a rate seen finite at least once
+        self._buckets: dict[str, dict[float, float]] = {k: {} for k in BUCKETED}
         self._last_t: float | None = None
         self._starting = 0
         self.slos: tuple = ()
@@ -81,7 +96,19 @@ class PrometheusSource:
             return float("nan")
         return sum(float(r["value"][1]) for r in result)
 
-    def _integrate(self, t: float, values: dict[str, float]) -> FleetSample | None:
+    def by_le(self, query: str, t: float) -> dict[float, float]:
+        """A `sum by (le)` query at t as {le: value}; empty when it returns nothing."""
+        out: dict[float, float] = {}
+        for r in self._get("/api/v1/query", {"query": query, "time": f"{t:.3f}"}):
+            try:
+                le, v = float(r["metric"]["le"]), float(r["value"][1])
+            except (KeyError, ValueError):
+                continue
+            if math.isfinite(v):
+                out[le] = out.get(le, 0.0) + v
+        return out
+
+    def _integrate(self, t: float, values: dict, buckets: dict | None = None) -> FleetSample | None:
         if self._last_t is not None and t <= self._last_t:
             return None  # late: Prometheus answered for a time we already have
         dt = self.step_seconds if self._last_t is None else t - self._last_t
@@ -90,6 +117,11 @@ class PrometheusSource:
             if math.isfinite(v):
                 # Rate × elapsed time; a gap longer than the rate window is bridged at the newest rate.
                 self._totals[k] += v * dt
+                self._seen[k] = True
+        for k, rates in (buckets or {}).items():
+            totals = self._buckets[k]
+            for le, v in rates.items():
+                totals[le] = totals.get(le, 0.0) + v * dt
         self._last_t = t
         ready = values.get("ready_replicas", float("nan"))
         starting = values.get("starting_replicas", float("nan"))
@@ -106,7 +138,20 @@ class PrometheusSource:
                            good_total=self._totals["good"], ended_total=self._totals["ended"],
                            ttft_sum_total=self._totals["ttft_sum"], ttft_count_total=self._totals["ttft_count"],
                            tpot_sum_total=self._totals["tpot_sum"], tpot_count_total=self._totals["tpot_count"],
+                           prefill_sum_total=self._seen_total("prefill_sum", "prefill_count"),
+                           prefill_count_total=self._seen_total("prefill_count", "prefill_count"),
+                           queue_sum_total=self._seen_total("queue_sum", "queue_count"),
+                           queue_count_total=self._seen_total("queue_count", "queue_count"),
+                           generation_tokens_total=self._seen_total("generation_tokens", "generation_tokens"),
+                           engine_steps_total=self._seen_total("engine_steps", "engine_steps"),
+                           input_token_hist_total=dict(self._buckets["input_token_hist"]) or None,
+                           output_token_hist_total=dict(self._buckets["output_token_hist"]) or None,
                            slos=self.slos or None)
+
+    def _seen_total(self, key: str, gate: str) -> float | None:
+        """A running total, or None while the engines have not exported it (an engine without a
+        queue/prefill split or iteration counter: the learner then takes its other paths)."""
+        return self._totals[key] if self._seen[gate] and self._totals[gate] > 0 else None
 
     def _read_slos(self, t: float) -> None:
         """The SLO classes the sidecars announce; kept as they were when the query fails."""
@@ -132,29 +177,38 @@ class PrometheusSource:
 
     def poll(self, now: float | None = None) -> FleetSample | None:
         now = time.time() if now is None else now
-        values = {k: self.instant(q, now) for k, q in self.queries.items() if q}
+        values = {k: self.instant(q, now) for k, q in self.queries.items() if q and k not in BUCKETED}
         if not math.isfinite(values.get("arrivals", float("nan"))):
             return None  # no request counter at all yet: nothing to forecast from
+        buckets = {k: self.by_le(self.queries[k], now) for k in BUCKETED if self.queries.get(k)}
         self._read_slos(now)
-        return self._integrate(now, values)
+        return self._integrate(now, values, buckets)
 
     def history(self, seconds: float, now: float | None = None) -> list[FleetSample]:
         """Samples at the forecast step over the last `seconds`, from range queries."""
         now = time.time() if now is None else now
         start = now - seconds
         by_time: dict[float, dict[str, float]] = {}
+        bucket_time: dict[float, dict[str, dict[float, float]]] = {}
         for key, q in self.queries.items():
             if not q:
                 continue
             params = {"query": q, "start": f"{start:.3f}", "end": f"{now:.3f}", "step": f"{self.step_seconds:g}"}
             for series in self._get("/api/v1/query_range", params):
+                le = series.get("metric", {}).get("le") if key in BUCKETED else None
                 for ts, val in series["values"]:
+                    if key in BUCKETED:
+                        if le is None or not math.isfinite(float(val)):
+                            continue
+                        slot_b = bucket_time.setdefault(float(ts), {}).setdefault(key, {})
+                        slot_b[float(le)] = slot_b.get(float(le), 0.0) + float(val)
+                        continue
                     slot = by_time.setdefault(float(ts), {})
                     slot[key] = slot.get(key, 0.0) + float(val)
         samples = []
         for t in sorted(by_time):
             if math.isfinite(by_time[t].get("arrivals", float("nan"))):
-                s = self._integrate(t, by_time[t])
+                s = self._integrate(t, by_time[t], bucket_time.get(t))
                 if s is not None:
                     samples.append(s)
         return samples

@@ -4,7 +4,7 @@ they know exactly what the forecaster must read."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 
 class FakeSidecarMetrics:
@@ -20,6 +20,15 @@ class FakeSidecarMetrics:
         self.running = Gauge("goodput_engine_requests_running", "running", ["model"], registry=r)
         self.kv = Gauge("goodput_engine_kv_cache_usage_ratio", "kv", ["model"], registry=r)
         self.preemptions = Counter("goodput_engine_preemptions", "preemptions", ["model"], registry=r)
+        self.prefill = Histogram("goodput_engine_prefill_time_seconds", "prefill", ["model"], registry=r)
+        self.queue = Histogram("goodput_engine_queue_time_seconds", "queue", ["model"], registry=r)
+        self.generation = Counter("goodput_engine_generation_tokens", "generated", ["model"], registry=r)
+        self.steps = Counter("goodput_engine_steps", "iterations", ["model"], registry=r)
+        token_buckets = tuple(float(2 ** k) for k in range(18))
+        self.input_hist = Histogram("goodput_request_input_tokens", "prompt tokens", ["model"],
+                                    buckets=token_buckets, registry=r)
+        self.output_hist = Histogram("goodput_request_output_tokens", "output tokens", ["model"],
+                                     buckets=token_buckets, registry=r)
         self.up = Gauge("goodput_engine_up", "up", registry=r)
         self.up.set(1)
         self.server, self.thread = start_http_server(port, addr="127.0.0.1", registry=r)
@@ -34,6 +43,13 @@ class FakeSidecarMetrics:
             self.requests.labels("m", "default", "slo_violated").inc(violated)
         self.input_tokens.labels("m", "default").inc(100 * (good + violated))
         self.output_tokens.labels("m", "default").inc(10 * (good + violated))
+        for _ in range(good + violated):   # each request: 100 prompt tokens, 10 out, 0.2 s prefill, 0.05 s queued
+            self.input_hist.labels("m").observe(100)
+            self.output_hist.labels("m").observe(10)
+            self.prefill.labels("m").observe(0.2)
+            self.queue.labels("m").observe(0.05)
+        self.generation.labels("m").inc(10 * (good + violated))
+        self.steps.labels("m").inc(5 * (good + violated))
         self.waiting.labels("m").set(waiting)
         self.kv.labels("m").set(kv)
 

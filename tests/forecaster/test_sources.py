@@ -154,8 +154,19 @@ def test_prometheus_source_reads_rates_and_warms_up_from_history(sidecars):
         assert 14 < rate < 26, rate  # 20/s written; rate() over 1-s scrapes of a 5-s window
         s = src.poll()
         assert s.queue_waiting == 3.0 and s.ready_replicas == 1
+        # What the service model learns from: the engines' queue / prefill split (0.05 s and
+        # 0.2 s a request), iterations (5 a request, 10 tokens), and the token histograms by
+        # bucket (every prompt 100 tokens: the le=64 bucket empty, le=128 holding them all).
+        assert s.prefill_sum_total / s.prefill_count_total == pytest.approx(0.2, rel=1e-6)
+        assert s.queue_sum_total / s.queue_count_total == pytest.approx(0.05, rel=1e-6)
+        assert s.generation_tokens_total / s.engine_steps_total == pytest.approx(2.0, rel=0.05)
+        hist = s.input_token_hist_total
+        assert hist[64.0] == 0.0 and hist[128.0] > 0 and hist[128.0] == pytest.approx(hist[float("inf")], rel=1e-6)
+        out = s.output_token_hist_total
+        assert out[8.0] == 0.0 and out[16.0] == pytest.approx(hist[128.0], rel=1e-6)
         fresh = PrometheusSource(f"http://127.0.0.1:{prom_port}", window="5s", step_seconds=1.0)
         history = fresh.history(5.0)
+        assert history[-1].input_token_hist_total and history[-1].prefill_count_total
         # A 5-s range at 1-s steps holds 5 or 6 points; totals grow by ~20 per step.
         assert len(history) >= 4
         growth = (history[-1].arrivals_total - history[0].arrivals_total) / (history[-1].t - history[0].t)
