@@ -1,12 +1,16 @@
 """From fleet samples to a replica count (DESIGN.md, "Forecasting under feedback").
 
 1. Forecast demand (the arrival rate), which the fleet does not influence.
-2. Know capacity per replica (configured, or learned online: forecaster/capacity.py).
+2. Know capacity per replica within the SLO, μ (configured, or learned online: the service
+   model, forecaster/service_learn.py), and the rate a backlog drains at, μ_drain (what
+   replicas served while a queue waited; forecaster/capacity.py).
 3. Predict the queue with a fluid model stepped over the horizon,
-   q(t+Δ) = max(0, q(t) + (λ̂(t) − μ·N_ready(t))·Δ), counting replicas still starting.
+   q(t+Δ) = max(0, q(t) + (λ̂(t) − μ_drain·N_ready(t))·Δ), counting replicas still starting.
 4. Desired replicas = the fewest whose predicted queue stays at or under the target using the
-   forecast's upper bound; never fewer than today's queue and rate need; scale down only once
-   the stabilisation window agrees, and never below the demand's upper bound.
+   forecast's upper bound; never fewer than today's rate and queue need, the demand's upper
+   bound, or the floor recurring bursts shorter than the cold start need; scale down only once
+   the stabilisation window agrees (seeded, as a new HPA's, with the replicas already there),
+   and never below the demand's upper bound. Until a rate is known, the current count.
 
 `target_queue` is for the whole fleet (requests waiting, summed over replicas).
 """
@@ -379,13 +383,13 @@ class ForecastPolicy:
 
         Over the last five cold starts, the arrival rate averaged over the tightest TTFT
         objective (a request can wait that long, no longer, so a burst's excess cannot be spread
-        wider; at least one step, the finest the forecaster sees). The floor's rate is the one
-        that the SLO's objective ratio of the *requests* arrived at or under (a quantile weighted
-        by requests: a burst step carries many, so a per-step quantile would leave the bursts
-        themselves uncovered). A burst is a run of those means above halfway between their
-        median and that rate. With two or more bursts, each shorter than the cold start, the
-        floor holds that rate. A level shift (one long run) or a lone burst holds nothing: the
-        forecast follows those.
+        wider; at least one step, the finest the forecaster sees). A burst is a run of those
+        means above both the Poisson noise around their median and halfway from the median to
+        the rate that the SLO's objective ratio of the *requests* arrived at or under (weighted by
+        requests: a burst step carries many). With two or more bursts, each shorter than the
+        cold start, the floor is the fewest replicas that leave at most the SLO's error budget
+        (1 − ratio) of those requests beyond capacity. A level shift (one long run) or a lone
+        burst holds nothing: the forecast follows those.
         """
         cfg = self.config
         memory = max(2, math.ceil(5 * max(cfg.cold_start_seconds, cfg.step_seconds) / cfg.step_seconds))
