@@ -4,6 +4,8 @@ Either configured (a number, or the knee of a `goodput sweep` report), or learne
 fleet's own metrics: the throughput observed per ready replica during steps where a queue was
 waiting (so the replicas were busy, and the throughput is what they can do, not what was asked)
 and the share of good requests held the objective (so it is the rate at which SLOs still hold).
+It also keeps `drain_rps`, the throughput of those busy steps whether SLOs held or not: the rate a
+backlog drains at (forecaster/policy.py plans new demand at the SLO's rate, a backlog at this one).
 """
 
 from __future__ import annotations
