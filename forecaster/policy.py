@@ -20,46 +20,16 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from statistics import NormalDist
 
 import numpy as np
 
+from forecaster.bursts import burst_floor
 from forecaster.capacity import OnlineCapacity
+from forecaster.fleet_sample import FleetSample, delta, step_observation
 from forecaster.models import Model, make_model
 from forecaster.selection import ModelSelector
 from forecaster.series import GaugeSeries, RateSeries
-from forecaster.service_learn import OnlineServiceModel, StepObservation
-
-
-@dataclass
-class FleetSample:
-    """One observation of the whole fleet, every step_seconds."""
-    t: float                  # seconds (any monotonic origin)
-    arrivals_total: float     # cumulative requests arrived (counter; may reset)
-    input_tokens_total: float
-    output_tokens_total: float
-    in_flight: float          # requests in flight at the sidecars
-    queue_waiting: float      # engine queue, summed over replicas
-    running: float
-    kv_cache_usage: float     # mean over replicas, 0-1
-    preemptions_total: float
-    ready_replicas: int
-    good_total: float | None = None   # cumulative good requests (for online capacity learning)
-    # For the service model (forecaster/service_learn.py); None where a source cannot tell.
-    ended_total: float | None = None          # requests that ended (goodput_requests_total)
-    ttft_sum_total: float | None = None       # goodput_ttft_seconds_sum / _count
-    ttft_count_total: float | None = None
-    tpot_sum_total: float | None = None
-    tpot_count_total: float | None = None
-    prefill_sum_total: float | None = None    # goodput_engine_prefill_time_seconds_sum / _count
-    prefill_count_total: float | None = None
-    queue_sum_total: float | None = None      # goodput_engine_queue_time_seconds_sum / _count
-    queue_count_total: float | None = None
-    generation_tokens_total: float | None = None  # goodput_engine_generation_tokens_total (as generated)
-    engine_steps_total: float | None = None       # goodput_engine_steps_total (engine iterations)
-    input_token_hist_total: dict | None = None    # goodput_request_input_tokens: {le: cumulative count}
-    output_token_hist_total: dict | None = None
-    slos: tuple | None = None                 # the sidecars' SLO classes (service_model.Slo)
+from forecaster.service_learn import OnlineServiceModel
 
 
 @dataclass
@@ -211,12 +181,12 @@ class ForecastPolicy:
         if sample.slos and not self.config.slos:
             self.slos = tuple(sample.slos)
         if prev is not None:
-            obs = _step_observation(prev, sample, arrivals)
+            obs = step_observation(prev, sample, arrivals)
             if obs is not None:
                 self.last_observation = obs
                 self.service.observe(obs)
                 self._capacity_cache = None
-                good = _delta(prev.good_total, sample.good_total)
+                good = delta(prev.good_total, sample.good_total)
                 target = self._target_ratio()
                 if good is not None and obs.ended > 0 and good >= target * obs.ended:
                     self._demonstrated.append(good / obs.dt / obs.replicas)
@@ -378,42 +348,10 @@ class ForecastPolicy:
                         service=self.service.params(), reasons=reasons)
 
     def _burst_floor(self, y: np.ndarray, mu: float) -> int:
-        """Replicas for recurring bursts shorter than the cold start: a replica ordered when such
-        a burst begins serves after it has ended, so only capacity already there serves it.
-
-        Over the last five cold starts, the arrival rate averaged over the tightest TTFT
-        objective (a request can wait that long, no longer, so a burst's excess cannot be spread
-        wider; at least one step, the finest the forecaster sees). A burst is a run of those
-        means above both the Poisson noise around their median and halfway from the median to
-        the rate that the SLO's objective ratio of the *requests* arrived at or under (weighted by
-        requests: a burst step carries many). With two or more bursts, each shorter than the
-        cold start, the floor is the fewest replicas that leave at most the SLO's error budget
-        (1 − ratio) of those requests beyond capacity. A level shift (one long run) or a lone
-        burst holds nothing: the forecast follows those.
-        """
+        """Replicas for recurring bursts shorter than the cold start (forecaster/bursts.py)."""
         cfg = self.config
-        memory = max(2, math.ceil(5 * max(cfg.cold_start_seconds, cfg.step_seconds) / cfg.step_seconds))
-        w = self._burst_window_steps()
-        recent = y[-memory:]
-        if len(recent) < 2 * w or mu <= 0:
-            return 0
-        means = np.convolve(recent, np.ones(w) / w, mode="valid")
-        ratio = self._target_ratio()
-        high = _request_quantile(means, ratio)
-        median = float(np.median(means))
-        # Poisson variation around the level is not a burst: the service model's queue already
-        # prices it. A burst stands out by more than the objective ratio's quantile of that noise.
-        window_s = w * cfg.step_seconds
-        noise = NormalDist().inv_cdf(ratio) * math.sqrt(max(median, 0.0) * window_s) / window_s
-        above = means > max((median + high) / 2.0, median + noise)
-        if not above.any():
-            return 0
-        edges = np.flatnonzero(np.diff(np.concatenate([[0], above.astype(np.int8), [0]])))
-        runs = edges[1::2] - edges[::2]              # lengths, in steps of the rolling means
-        cold_steps = max(1, math.ceil(cfg.cold_start_seconds / cfg.step_seconds))
-        if len(runs) < 2 or int(runs.max()) + w - 1 > cold_steps:
-            return 0
-        return _shortfall_replicas(means, mu, 1.0 - ratio)
+        return burst_floor(y, mu, cfg.step_seconds, cfg.cold_start_seconds, self._burst_window_steps(),
+                           self._target_ratio())
 
     def _target_ratio(self) -> float:
         """The strictest objective ratio among the SLO classes (0.99 while none is known)."""
@@ -443,38 +381,6 @@ class ForecastPolicy:
         self.selector.close()
 
 
-def _shortfall_replicas(rates: np.ndarray, mu: float, budget: float) -> int:
-    """The fewest replicas (each serving `mu` requests/s within the SLO) at which the requests
-    arriving beyond capacity, Σ max(0, r_k − N·μ), stay within `budget` of all that arrived: the
-    SLO's error budget spent on the excess of the bursts, not on every request of a busy step."""
-    rates = np.clip(np.asarray(rates, dtype=float), 0.0, None)
-    total = float(rates.sum())
-    if total <= 0 or mu <= 0:
-        return 0
-    lo, hi = 0, max(1, math.ceil(float(rates.max()) / mu - 1e-9))
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if float(np.clip(rates - mid * mu, 0.0, None).sum()) <= budget * total + 1e-12:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
-
-
-def _request_quantile(rates: np.ndarray, q: float) -> float:
-    """The rate at or under which a share `q` of the requests arrived, given per-step rates
-    (each step weighted by the requests it carried)."""
-    rates = np.asarray(rates, dtype=float)
-    if len(rates) == 0:
-        return 0.0
-    total = float(np.clip(rates, 0.0, None).sum())
-    if total <= 0:
-        return 0.0
-    order = np.sort(np.clip(rates, 0.0, None))
-    cum = np.cumsum(order) / total
-    return float(order[min(len(order) - 1, int(np.searchsorted(cum, q - 1e-12)))])
-
-
 def _rate_lower_bound(rates: np.ndarray, step_s: float) -> float:
     """A Poisson rate from its last few per-step rates, less one standard deviation of its count."""
     if len(rates) == 0:
@@ -482,65 +388,6 @@ def _rate_lower_bound(rates: np.ndarray, step_s: float) -> float:
     span = len(rates) * step_s
     n = max(0.0, float(np.sum(rates)) * step_s)
     return max(0.0, n - math.sqrt(n)) / span
-
-
-def _delta(prev, cur) -> float | None:
-    """A counter's increase over one step; None when unknown or reset (a restarted sidecar)."""
-    if prev is None or cur is None or not (math.isfinite(prev) and math.isfinite(cur)) or cur < prev:
-        return None
-    return cur - prev
-
-
-def _hist_delta(prev: dict | None, cur: dict | None) -> dict | None:
-    """Requests per bucket in the step, from two cumulative histograms ({le: count}); None on a reset."""
-    if not prev or not cur:
-        return None
-    cum = {le: cur[le] - prev.get(le, 0.0) for le in cur}
-    if any(v < 0 for v in cum.values()):
-        return None
-    edges = sorted(cum)
-    out, below = {}, 0.0
-    for le in edges:
-        out[le] = max(0.0, cum[le] - below)
-        below = cum[le]
-    return out
-
-
-def _mean_gauge(a: float, b: float) -> float:
-    vals = [v for v in (a, b) if math.isfinite(v)]
-    return sum(vals) / len(vals) if vals else 0.0
-
-
-def _step_observation(prev: FleetSample, cur: FleetSample, arrival_rps: float | None) -> StepObservation | None:
-    dt = cur.t - prev.t
-    ended = _delta(prev.ended_total, cur.ended_total)
-    if dt <= 0 or ended is None or ended <= 0 or cur.ready_replicas <= 0:
-        return None
-    tokens_in = _delta(prev.input_tokens_total, cur.input_tokens_total)
-    tokens_out = _delta(prev.output_tokens_total, cur.output_tokens_total)
-    if tokens_in is None or tokens_out is None:
-        return None
-    return StepObservation(
-        dt=dt, replicas=int(cur.ready_replicas), arrival_rps=float(arrival_rps or 0.0), ended=ended,
-        input_tokens=tokens_in, output_tokens=tokens_out,
-        ttft_sum=_delta(prev.ttft_sum_total, cur.ttft_sum_total),
-        ttft_count=_delta(prev.ttft_count_total, cur.ttft_count_total),
-        tpot_sum=_delta(prev.tpot_sum_total, cur.tpot_sum_total),
-        tpot_count=_delta(prev.tpot_count_total, cur.tpot_count_total),
-        # The requests that ended lived through the step: the batch they saw is nearer the step's
-        # mean than its end (gauges are instants), so take the mean of both ends.
-        running=_mean_gauge(prev.running, cur.running),
-        running_start=float(prev.running) if math.isfinite(prev.running) else 0.0,
-        waiting=float(cur.queue_waiting) if math.isfinite(cur.queue_waiting) else 0.0,
-        kv_usage=float(cur.kv_cache_usage),
-        prefill_sum=_delta(prev.prefill_sum_total, cur.prefill_sum_total),
-        prefill_count=_delta(prev.prefill_count_total, cur.prefill_count_total),
-        queue_sum=_delta(prev.queue_sum_total, cur.queue_sum_total),
-        queue_count=_delta(prev.queue_count_total, cur.queue_count_total),
-        input_hist=_hist_delta(prev.input_token_hist_total, cur.input_token_hist_total),
-        output_hist=_hist_delta(prev.output_token_hist_total, cur.output_token_hist_total),
-        generated_tokens=_delta(prev.generation_tokens_total, cur.generation_tokens_total),
-        engine_steps=_delta(prev.engine_steps_total, cur.engine_steps_total))
 
 
 __all__ = ["FleetSample", "PolicyConfig", "Decision", "ForecastPolicy"]

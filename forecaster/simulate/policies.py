@@ -200,7 +200,7 @@ class Goodput(Policy):
                        scale_down=down)
 
     def compute(self, view, history):
-        from forecaster.policy import FleetSample
+        from forecaster.fleet_sample import FleetSample
 
         self.forecaster.observe(FleetSample(
             t=view.t, arrivals_total=view.arrivals_total, input_tokens_total=view.input_tokens_total,

@@ -19,7 +19,7 @@ import time
 
 import httpx
 
-from forecaster.policy import FleetSample
+from forecaster.fleet_sample import FleetSample
 
 DEFAULT_QUERIES = {
     "arrivals": "sum(rate(goodput_requests_arrived_total[{window}])) or sum(rate(goodput_requests_total[{window}]))",

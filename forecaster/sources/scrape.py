@@ -17,7 +17,7 @@ from typing import Callable
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from forecaster.policy import FleetSample
+from forecaster.fleet_sample import FleetSample
 from forecaster.series import CounterRate
 
 # Demand is counted when a request arrives (goodput_requests_arrived_total); a sidecar older than

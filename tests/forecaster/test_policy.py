@@ -6,8 +6,9 @@ import math
 import numpy as np
 import pytest
 
+from forecaster.bursts import shortfall_replicas
 from forecaster.capacity import OnlineCapacity, load_sweep_capacity
-from forecaster.policy import Decision, FleetSample, ForecastPolicy, PolicyConfig, _shortfall_replicas, cumulative_upper
+from forecaster.policy import Decision, FleetSample, ForecastPolicy, PolicyConfig, cumulative_upper
 
 
 def sample(t, arrivals, queue=0.0, ready=1, in_flight=0.0, good=None):
@@ -226,7 +227,7 @@ def test_the_burst_floor_spends_the_error_budget_on_the_excess():
     # five burst steps (21 % of the requests) uncovered at 10 replicas; leaving at most 1 % of
     # the requests beyond capacity needs 5 (50 - N) <= 12, so N = 48 at 1 req/s each.
     rates = np.array([10.0] * 95 + [50.0] * 5)
-    assert _shortfall_replicas(rates, 1.0, 0.01) == 48
+    assert shortfall_replicas(rates, 1.0, 0.01) == 48
     # Noise of a tenth around the level costs one replica above the mean, not the burst's.
-    assert _shortfall_replicas(np.array([9.0, 11.0] * 50), 1.0, 0.01) == 11
-    assert _shortfall_replicas(np.zeros(10), 1.0, 0.01) == 0
+    assert shortfall_replicas(np.array([9.0, 11.0] * 50), 1.0, 0.01) == 11
+    assert shortfall_replicas(np.zeros(10), 1.0, 0.01) == 0

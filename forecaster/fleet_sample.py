@@ -1,0 +1,100 @@
+"""What the forecaster observes of the fleet: one FleetSample every step (cumulative counters and
+gauges, summed over replicas by a source: forecaster/sources/), and the per-step differences of two
+of them that the service model learns from (service_learn.StepObservation)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from forecaster.service_learn import StepObservation
+
+
+@dataclass
+class FleetSample:
+    """One observation of the whole fleet, every step_seconds."""
+    t: float                  # seconds (any monotonic origin)
+    arrivals_total: float     # cumulative requests arrived (counter; may reset)
+    input_tokens_total: float
+    output_tokens_total: float
+    in_flight: float          # requests in flight at the sidecars
+    queue_waiting: float      # engine queue, summed over replicas
+    running: float
+    kv_cache_usage: float     # mean over replicas, 0-1
+    preemptions_total: float
+    ready_replicas: int
+    good_total: float | None = None   # cumulative good requests (for online capacity learning)
+    # For the service model (forecaster/service_learn.py); None where a source cannot tell.
+    ended_total: float | None = None          # requests that ended (goodput_requests_total)
+    ttft_sum_total: float | None = None       # goodput_ttft_seconds_sum / _count
+    ttft_count_total: float | None = None
+    tpot_sum_total: float | None = None
+    tpot_count_total: float | None = None
+    prefill_sum_total: float | None = None    # goodput_engine_prefill_time_seconds_sum / _count
+    prefill_count_total: float | None = None
+    queue_sum_total: float | None = None      # goodput_engine_queue_time_seconds_sum / _count
+    queue_count_total: float | None = None
+    generation_tokens_total: float | None = None  # goodput_engine_generation_tokens_total (as generated)
+    engine_steps_total: float | None = None       # goodput_engine_steps_total (engine iterations)
+    input_token_hist_total: dict | None = None    # goodput_request_input_tokens: {le: cumulative count}
+    output_token_hist_total: dict | None = None
+    slos: tuple | None = None                 # the sidecars' SLO classes (service_model.Slo)
+
+
+def delta(prev, cur) -> float | None:
+    """A counter's increase over one step; None when unknown or reset (a restarted sidecar)."""
+    if prev is None or cur is None or not (math.isfinite(prev) and math.isfinite(cur)) or cur < prev:
+        return None
+    return cur - prev
+
+
+def hist_delta(prev: dict | None, cur: dict | None) -> dict | None:
+    """Requests per bucket in the step, from two cumulative histograms ({le: count}); None on a reset."""
+    if not prev or not cur:
+        return None
+    cum = {le: cur[le] - prev.get(le, 0.0) for le in cur}
+    if any(v < 0 for v in cum.values()):
+        return None
+    edges = sorted(cum)
+    out, below = {}, 0.0
+    for le in edges:
+        out[le] = max(0.0, cum[le] - below)
+        below = cum[le]
+    return out
+
+
+def _mean_gauge(a: float, b: float) -> float:
+    vals = [v for v in (a, b) if math.isfinite(v)]
+    return sum(vals) / len(vals) if vals else 0.0
+
+
+def step_observation(prev: FleetSample, cur: FleetSample, arrival_rps: float | None) -> StepObservation | None:
+    dt = cur.t - prev.t
+    ended = delta(prev.ended_total, cur.ended_total)
+    if dt <= 0 or ended is None or ended <= 0 or cur.ready_replicas <= 0:
+        return None
+    tokens_in = delta(prev.input_tokens_total, cur.input_tokens_total)
+    tokens_out = delta(prev.output_tokens_total, cur.output_tokens_total)
+    if tokens_in is None or tokens_out is None:
+        return None
+    return StepObservation(
+        dt=dt, replicas=int(cur.ready_replicas), arrival_rps=float(arrival_rps or 0.0), ended=ended,
+        input_tokens=tokens_in, output_tokens=tokens_out,
+        ttft_sum=delta(prev.ttft_sum_total, cur.ttft_sum_total),
+        ttft_count=delta(prev.ttft_count_total, cur.ttft_count_total),
+        tpot_sum=delta(prev.tpot_sum_total, cur.tpot_sum_total),
+        tpot_count=delta(prev.tpot_count_total, cur.tpot_count_total),
+        # The requests that ended lived through the step: the batch they saw is nearer the step's
+        # mean than its end (gauges are instants), so take the mean of both ends.
+        running=_mean_gauge(prev.running, cur.running),
+        running_start=float(prev.running) if math.isfinite(prev.running) else 0.0,
+        waiting=float(cur.queue_waiting) if math.isfinite(cur.queue_waiting) else 0.0,
+        kv_usage=float(cur.kv_cache_usage),
+        prefill_sum=delta(prev.prefill_sum_total, cur.prefill_sum_total),
+        prefill_count=delta(prev.prefill_count_total, cur.prefill_count_total),
+        queue_sum=delta(prev.queue_sum_total, cur.queue_sum_total),
+        queue_count=delta(prev.queue_count_total, cur.queue_count_total),
+        input_hist=hist_delta(prev.input_token_hist_total, cur.input_token_hist_total),
+        output_hist=hist_delta(prev.output_token_hist_total, cur.output_token_hist_total),
+        generated_tokens=delta(prev.generation_tokens_total, cur.generation_tokens_total),
+        engine_steps=delta(prev.engine_steps_total, cur.engine_steps_total))
