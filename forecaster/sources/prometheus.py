@@ -73,7 +73,6 @@ class PrometheusSource:
         self.step_seconds = step_seconds
         self._client = httpx.Client(base_url=url.rstrip("/"), timeout=timeout)
         self._totals = {k: 0.0 for k in RATES}
-        self._seen = {k: False for k in RATES}          # a rate seen finite at least once
         self._buckets: dict[str, dict[float, float]] = {k: {} for k in BUCKETED}
         self._last_t: float | None = None
         self._starting = 0
@@ -117,7 +116,6 @@ class PrometheusSource:
             if math.isfinite(v):
                 # Rate × elapsed time; a gap longer than the rate window is bridged at the newest rate.
                 self._totals[k] += v * dt
-                self._seen[k] = True
         for k, rates in (buckets or {}).items():
             totals = self._buckets[k]
             for le, v in rates.items():
@@ -138,20 +136,20 @@ class PrometheusSource:
                            good_total=self._totals["good"], ended_total=self._totals["ended"],
                            ttft_sum_total=self._totals["ttft_sum"], ttft_count_total=self._totals["ttft_count"],
                            tpot_sum_total=self._totals["tpot_sum"], tpot_count_total=self._totals["tpot_count"],
-                           prefill_sum_total=self._seen_total("prefill_sum", "prefill_count"),
-                           prefill_count_total=self._seen_total("prefill_count", "prefill_count"),
-                           queue_sum_total=self._seen_total("queue_sum", "queue_count"),
-                           queue_count_total=self._seen_total("queue_count", "queue_count"),
-                           generation_tokens_total=self._seen_total("generation_tokens", "generation_tokens"),
-                           engine_steps_total=self._seen_total("engine_steps", "engine_steps"),
+                           prefill_sum_total=self._total_if_exported("prefill_sum", "prefill_count"),
+                           prefill_count_total=self._total_if_exported("prefill_count", "prefill_count"),
+                           queue_sum_total=self._total_if_exported("queue_sum", "queue_count"),
+                           queue_count_total=self._total_if_exported("queue_count", "queue_count"),
+                           generation_tokens_total=self._total_if_exported("generation_tokens", "generation_tokens"),
+                           engine_steps_total=self._total_if_exported("engine_steps", "engine_steps"),
                            input_token_hist_total=dict(self._buckets["input_token_hist"]) or None,
                            output_token_hist_total=dict(self._buckets["output_token_hist"]) or None,
                            slos=self.slos or None)
 
-    def _seen_total(self, key: str, gate: str) -> float | None:
+    def _total_if_exported(self, key: str, gate: str) -> float | None:
         """A running total, or None while the engines have not exported it (an engine without a
         queue/prefill split or iteration counter: the learner then takes its other paths)."""
-        return self._totals[key] if self._seen[gate] and self._totals[gate] > 0 else None
+        return self._totals[key] if self._totals[gate] > 0 else None
 
     def _read_slos(self, t: float) -> None:
         """The SLO classes the sidecars announce; kept as they were when the query fails."""
