@@ -123,10 +123,11 @@ def test_online_fit_recovers_a_known_replica():
     m = learner.model()
     assert m is not None
     # The engine's token budget is not exported, so the decode part of a prompt's chunk steps is
-    # folded into the learned rate. And the simulated replica places a first token pro rata inside its tick, while a real engine
-    # (and the model) adds the rest of the running step and the step that samples it: the learner
-    # takes those 1.5 steps off the engine's queue + prefill time, which here overstates the rate
-    # (3.3x at this commit). What it predicts is checked below (capacity).
+    # folded into the learned rate. And the simulated replica places a first token pro rata
+    # inside its tick, while a real engine (and the model) adds the rest of the running step and
+    # the step that samples it: the learner takes those 1.5 steps off the engine's queue +
+    # prefill time, which here overstates the rate (3.3x at this commit). What it predicts is
+    # checked below (capacity).
     assert 5000.0 / 3 < m.prefill_tokens_per_s < 5000.0 * 4
     assert m.step_s(1) == pytest.approx(truth.step_s(1), rel=0.25)
     assert m.step_s(16) == pytest.approx(truth.step_s(16), rel=0.35)
