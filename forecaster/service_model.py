@@ -22,7 +22,11 @@ a fluid approximation for decode plus an M/G/1 queue for prefill:
   S(P) = P / rate_p + (P / C)·step(B) (its chunks ride on decode steps; counted pro rata, as the
   simulator's fleet does: an engine's whole-step granularity, about half a step of wait and the
   rest of a partial chunk's step, is absorbed into the learned prefill rate). Waiting time is
-  M/G/1 (Pollaczek-Khinchine mean, an exponential tail behind the busy probability ρ_q).
+  M/G/1: the Pollaczek-Khinchine mean, and a tail P(W > x) ∝ e^(−θx) at the Cramér-Lundberg rate
+  θ, the positive root of λ(E[e^(θS)] − 1) = θ over the mix's service times (the M/G/1 waiting
+  time's exact asymptotic decay: θ = μ − λ for exponential service, about twice as fast for
+  near-constant prompts, slower for a heavy-tailed mix); the share that waits at all is what keeps
+  the mean.
 - Quantiles come from a fixed set of sampled requests (common random numbers, so predictions at
   neighbouring loads are monotone): TTFT_i = overhead + W_i + S(P_i) + 1.5·step(B) (the rest of the step running when
   it arrives, and the step that samples its first token), and TPOT_i = step(B) plus
@@ -232,11 +236,13 @@ class ServiceModel:
         if rho_q >= 1.0:
             return Prediction(lam, False, batch, step, 1.0, nan, nan, o)
         w_mean = lam * float(np.mean(service ** 2)) / (2.0 * (1.0 - rho_q))
+        # The tail decays at the Cramér-Lundberg rate of this service mix; the share that waits at
+        # all is what keeps E[W] = w_mean.
+        waits = min(1.0, _tail_decay(lam, service) * w_mean) if w_mean > 0 else 0.0
         rng = np.random.default_rng(seed)
         u = rng.random(len(p))
-        busy = u < rho_q
-        # Conditional on waiting at all, an exponential with the mean that keeps E[W] = w_mean.
-        wait = np.where(busy, -np.log(np.maximum(1e-12, rng.random(len(p)))) * (w_mean / max(rho_q, 1e-12)), 0.0)
+        busy = u < waits
+        wait = np.where(busy, -np.log(np.maximum(1e-12, rng.random(len(p)))) * (w_mean / max(waits, 1e-12)), 0.0)
         # Plus the steps every request waits through on an engine: the end of the step running when
         # it arrives (half a step on average) and the step that samples its first token.
         ttft = self.ttft_overhead_s + wait + service + 1.5 * step
@@ -289,6 +295,34 @@ class ServiceModel:
             if hi - lo < 1e-4 * max(hi, 1e-6):
                 break
         return lo
+
+
+def _tail_decay(lam: float, service: np.ndarray) -> float:
+    """θ > 0 with λ(E[e^(θS)] − 1) = θ (stable queue: λE[S] < 1), by bisection on log θ; in logs,
+    log E[e^(θS)] = log(1 + θ/λ), so that no exponential overflows."""
+    s = np.asarray(service, dtype=float)
+    log_n = math.log(len(s))
+
+    def excess(theta: float) -> float:   # < 0 below the root, > 0 above (convex, 0 at θ = 0)
+        x = theta * s
+        top = float(np.max(x))
+        return top + math.log(float(np.sum(np.exp(x - top)))) - log_n - math.log1p(theta / lam)
+
+    hi = 1.0 / max(float(np.mean(s)), 1e-12)
+    while excess(hi) < 0:
+        hi *= 2.0
+    lo = hi
+    while excess(lo) >= 0 and lo > 1e-12 * hi:
+        lo /= 2.0
+    for _ in range(50):
+        mid = math.sqrt(lo * hi)
+        if excess(mid) < 0:
+            lo = mid
+        else:
+            hi = mid
+        if hi / lo < 1.0 + 1e-4:
+            break
+    return math.sqrt(lo * hi)
 
 
 __all__ = ["Slo", "TokenMix", "Prediction", "ServiceModel"]

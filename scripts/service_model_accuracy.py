@@ -9,6 +9,8 @@ the forecaster assumes from the counters alone (exponential lengths around the o
 
     python scripts/service_model_accuracy.py --model smollm2 --rates 0.5,1,1.5,2,2.5 --duration 60
 Writes docs/service_model/<model>_accuracy.{json,md}; prints the table and the load average.
+`--repredict docs/service_model/smollm2_accuracy.json` re-scores a saved run (its measured figures
+and learned parameters) with the service model as it is now, without running anything.
 """
 
 from __future__ import annotations
@@ -51,9 +53,18 @@ def main(argv=None) -> int:
     p.add_argument("--input-tokens", type=int, default=128)
     p.add_argument("--output-tokens", type=int, default=32)
     p.add_argument("--out", default="docs/service_model")
+    p.add_argument("--repredict", metavar="JSON",
+                   help="no run: re-score a saved <model>_accuracy.json (its measured figures and learned "
+                        "parameters) with the service model as it is now")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.repredict:
+        saved = json.loads(Path(args.repredict).read_text())
+        points = [{"rate": r["rate"], "attainment": r["attainment"], "measured": r["measured"]} for r in saved["rows"]]
+        p_mean, o_mean = saved["mix_means"] if len(saved["mix_means"]) == 2 else (args.input_tokens, args.output_tokens)
+        return _report(args, out, ServiceModel(**saved["learned"]), p_mean, o_mean, points,
+                       saved["load_average"], repredicted=True)
     work = Path(tempfile.mkdtemp(prefix="svc-accuracy-"))
     slo = work / "slo.yaml"
     slo.write_text("classes:\n  - {name: default, ttft: 3, tpot: 0.5, objective: 0.99}\n")
@@ -91,13 +102,20 @@ def main(argv=None) -> int:
         name="learned")
     mix_means = _gauges(text, "goodput_replica_tokens_per_request")
     p_mean, o_mean = mix_means['kind="prompt"'], mix_means['kind="output"']
+    points = [{"rate": point["rate"], "attainment": point["attainment"],
+               "measured": {"ttft p50": point["ttft"]["p50"], "ttft p99": point["ttft"]["p99"],
+                            "tpot p50": point["tpot"]["p50"], "tpot p99": point["tpot"]["p99"]}}
+              for point in sweep["points"]]
+    return _report(args, out, model, p_mean, o_mean, points, os.getloadavg())
+
+
+def _report(args, out: Path, model: ServiceModel, p_mean: float, o_mean: float, points: list, load,
+            repredicted: bool = False) -> int:
     mixes = {"sweep mix": TokenMix(np.full(4000, float(args.input_tokens)), np.full(4000, float(args.output_tokens))),
              "assumed mix": TokenMix.from_means(p_mean, o_mean)}
     rows, errors = [], {name: [] for name in mixes}
-    for point in sweep["points"]:
-        rate = point["rate"]
-        measured = {"ttft p50": point["ttft"]["p50"], "ttft p99": point["ttft"]["p99"],
-                    "tpot p50": point["tpot"]["p50"], "tpot p99": point["tpot"]["p99"]}
+    for point in points:
+        rate, measured = point["rate"], point["measured"]
         row = {"rate": rate, "attainment": point["attainment"], "measured": measured, "predicted": {}}
         for name, mix in mixes.items():
             pred = model.predict(rate, mix)
@@ -109,10 +127,9 @@ def main(argv=None) -> int:
                 if m:
                     errors[name].append(abs(v - m) / m)
         rows.append(row)
-    load = os.getloadavg()
     doc = {"model": args.model, "learned": model.to_dict(), "mix_means": [p_mean, o_mean], "rows": rows,
            "max_error": {k: max(v) if v else None for k, v in errors.items()},
-           "load_average": load}
+           "load_average": list(load), "repredicted": repredicted}
     (out / f"{args.model}_accuracy.json").write_text(json.dumps(doc, indent=2, default=float) + "\n")
     lines = [f"learned: prefill {model.prefill_tokens_per_s:.0f} tok/s, step {1000 * model.step_s(1):.1f} ms + "
              f"{1000 * model.decode_per_seq_s:.2f} ms/seq, TTFT overhead {1000 * model.ttft_overhead_s:.0f} ms; "
@@ -129,7 +146,8 @@ def main(argv=None) -> int:
         lines.append(f"| {r['rate']:g} | {100 * r['attainment']:.1f} % | " + " | ".join(cells) + " |")
     lines += ["", "predicted = with the sweep's mix / with the mix assumed from the counters (exponential lengths)",
               "max relative error: " + ", ".join(f"{k} {100 * v:.0f} %" for k, v in doc["max_error"].items() if v is not None),
-              f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"]
+              f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+              + (" (of the measured run; predictions recomputed with the model as it is now)" if repredicted else "")]
     (out / f"{args.model}_accuracy.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -309,3 +309,28 @@ def test_a_calibration_prior_carries_its_overhead_and_its_weight(tmp_path):
         path.write_text(json.dumps({**data, "prior_weight_requests": bad}))
         with pytest.raises(UsageError, match="prior_weight_requests"):
             _prior(argparse.Namespace(prior=str(path)))
+
+
+def _mg1_waits(lam, service, seed=5):
+    """Exact FIFO waiting times of a long M/G/1 run (Lindley's recursion, vectorised)."""
+    gaps = np.random.default_rng(seed).exponential(1.0 / lam, len(service))
+    x = np.concatenate([[0.0], np.cumsum(service[:-1] - gaps[1:])])
+    return x - np.minimum(0.0, np.minimum.accumulate(x))
+
+
+@pytest.mark.parametrize("lam", [0.6, 1.2, 1.6])
+def test_prefill_queue_tail_matches_an_exact_mg1_for_constant_and_exponential_prompts(lam):
+    # Decode is negligible, so a prompt's TTFT is its M/G/1 wait plus its own 0.5 s on average.
+    m = ServiceModel(prefill_tokens_per_s=1000.0, decode_base_s=1e-4, decode_per_seq_s=0.0, kv_capacity_tokens=1e9,
+                     max_batch=10**6, step_token_budget=2**30)
+    n = 400_000
+    constant = np.full(n, 0.5)
+    exponential = np.random.default_rng(6).exponential(0.5, n)
+    for service, mix in ((constant, TokenMix(np.full(4000, 500.0), np.full(4000, 1.0))),
+                         (exponential, TokenMix.from_means(500.0, 1.0))):
+        exact = float(np.quantile(_mg1_waits(lam, service) + service, 0.99))
+        pred = m.predict(lam, mix)
+        predicted = pred.ttft_quantile(0.99) - 1.5 * pred.step_s
+        # Measured when written: within 5 % for both. The exponential tail behind the busy
+        # probability used before overstated the constant prompts' p99 by 14-29 %.
+        assert predicted == pytest.approx(exact, rel=0.1), (lam, exact, predicted)
