@@ -204,7 +204,8 @@ class Admission:
             ticket.batch_limit = own_limit
             return self._refuse(ticket, "tpot", (join - own_limit) * self._seconds_per_finish(join - 1),
                                 f"this request's predicted time per output token ({ticket.predicted_tpot:.3f} s, "
-                                f"decoding beside {join - 1} others) exceeds what SLO class {slo.name!r} allows "
+                                f"decoding beside {join - 1} others, prefills taking {100 * rho:.0f} % of the engine) "
+                                f"exceeds what SLO class {slo.name!r} allows "
                                 f"({ticket.tpot_threshold:.3f} s)")
         guarded = [t.slo.name for t in self._in_flight.values() if t.slo is not None and t.slo.admission]
         tight = min([ticket.tpot_threshold] + [self._tpot_thresholds[name] for name in guarded])

@@ -125,7 +125,7 @@ def test_the_batch_a_request_would_join_is_shed_once_its_tpot_would_miss():
     assert last.shed and last.reason == "tpot"
     assert last.predicted_tpot == pytest.approx(0.15 / 0.9)
     assert last.batch_limit == 12
-    assert "predicted time per output token (0.167 s, decoding beside 12 others)" in last.detail
+    assert "predicted time per output token (0.167 s, decoding beside 12 others, prefills taking 10 % of the engine)" in last.detail
     assert last.retry_after == 1                                   # nothing has finished yet: a second
 
 
