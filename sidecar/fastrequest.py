@@ -131,8 +131,10 @@ class FastRequest:
         if data and not self.bodyless and not self.transport.is_closing():
             self.transport.write(b"%x\r\n%s\r\n" % (len(data), data) if self.chunked else data)
 
-    def end_response(self) -> None:
-        if self.chunked and not self.transport.is_closing():
+    def end_response(self, terminated: bool = False) -> None:
+        """End a streamed body; `terminated`: the caller already sent the terminal chunk with its
+        last bytes."""
+        if self.chunked and not terminated and not self.transport.is_closing():
             self.transport.write(b"0\r\n\r\n")
         self.finished = True
 

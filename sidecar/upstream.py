@@ -210,6 +210,8 @@ class Connection(asyncio.Protocol):
     def _length(self, data: bytes) -> None:
         take = min(len(data), self._remaining)
         self._remaining -= take
+        if self._remaining == 0:
+            self._state = _DONE     # delivered next, then finished: the sink sees the body complete
         self._deliver(data if take == len(data) else data[:take])
         if self._remaining == 0:
             self._finish()
@@ -276,6 +278,12 @@ class Connection(asyncio.Protocol):
         self._state = _DONE
         if self._done_waiter is not None and not self._done_waiter.done():
             self._done_waiter.set_result(None)
+
+    @property
+    def body_complete(self) -> bool:
+        """True from the piece that holds the body's last bytes on: a sink can end its own
+        response with the bytes it forwards, instead of in a write of its own after them."""
+        return self._state == _DONE
 
     @property
     def reusable(self) -> bool:

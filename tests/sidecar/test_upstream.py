@@ -53,6 +53,40 @@ def test_chunked_body_survives_any_split(cuts):
     assert conn.reusable
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=len(CHUNKED) - 1), max_size=10))
+def test_the_piece_with_the_last_bytes_knows_the_body_is_complete(cuts):
+    # What lets the relay send its own terminal chunk in the same write as the last bytes.
+    conn = Connection(_Pool())
+    conn.connection_made(_Transport())
+    seen: list[tuple[bytes, bool]] = []
+    conn._sink = lambda piece: seen.append((piece, conn.body_complete))
+    bounds = [0, *sorted(set(cuts)), len(CHUNKED)]
+    reads = [CHUNKED[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+    for data in reads:
+        conn.data_received(data)
+    assert b"".join(p for p, _ in seen) == BODY
+    assert not any(done for _, done in seen[:-1])
+    # Complete at the last piece exactly when the read that held the last data bytes also held
+    # the whole terminal chunk.
+    last_data_end = len(CHUNKED) - len(b"\r\n0\r\n\r\n")
+    last_read_start = len(CHUNKED) - len(reads[-1])
+    assert seen[-1][1] == (last_read_start < last_data_end)
+    assert conn.body_complete
+
+
+def test_content_length_piece_with_the_last_bytes_knows_the_body_is_complete():
+    body = b'{"choices": [{"text": "hi"}]}'
+    response = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    conn = Connection(_Pool())
+    conn.connection_made(_Transport())
+    seen: list[bool] = []
+    conn._sink = lambda piece: seen.append(conn.body_complete)
+    conn.data_received(response[:-5])
+    conn.data_received(response[-5:])
+    assert seen == [False, True] and conn.reusable
+
+
 def test_chunk_extensions_and_trailers():
     response = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
                 b"5;name=value\r\nhello\r\n0\r\nX-Trailer: 1\r\n\r\n")
