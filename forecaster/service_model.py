@@ -298,31 +298,32 @@ class ServiceModel:
 
 
 def _tail_decay(lam: float, service: np.ndarray) -> float:
-    """θ > 0 with λ(E[e^(θS)] − 1) = θ (stable queue: λE[S] < 1), by bisection on log θ; in logs,
-    log E[e^(θS)] = log(1 + θ/λ), so that no exponential overflows."""
+    """θ > 0 with λ(E[e^(θS)] − 1) = θ (stable queue: λE[S] < 1). In logs, the root of
+    g(θ) = log E[e^(θS)] − log(1 + θ/λ), which is convex with g(0) = 0 and g'(0) = E[S] − 1/λ < 0,
+    so Newton's method from any point above the root descends to it monotonically; no
+    exponential overflows (log-sum-exp)."""
     s = np.asarray(service, dtype=float)
     log_n = math.log(len(s))
 
-    def excess(theta: float) -> float:   # < 0 below the root, > 0 above (convex, 0 at θ = 0)
+    def g_and_slope(theta: float) -> tuple[float, float]:
         x = theta * s
-        top = float(np.max(x))
-        return top + math.log(float(np.sum(np.exp(x - top)))) - log_n - math.log1p(theta / lam)
+        w = np.exp(x - float(np.max(x)))
+        total = float(np.sum(w))
+        g = float(np.max(x)) + math.log(total) - log_n - math.log1p(theta / lam)
+        return g, float(np.dot(w, s)) / total - 1.0 / (lam + theta)
 
-    hi = 1.0 / max(float(np.mean(s)), 1e-12)
-    while excess(hi) < 0:
-        hi *= 2.0
-    lo = hi
-    while excess(lo) >= 0 and lo > 1e-12 * hi:
-        lo /= 2.0
-    for _ in range(50):
-        mid = math.sqrt(lo * hi)
-        if excess(mid) < 0:
-            lo = mid
-        else:
-            hi = mid
-        if hi / lo < 1.0 + 1e-4:
+    theta = 1.0 / max(float(np.mean(s)), 1e-12)
+    g, slope = g_and_slope(theta)
+    while g < 0:                        # not yet above the root
+        theta *= 2.0
+        g, slope = g_and_slope(theta)
+    for _ in range(100):
+        step = g / slope                # slope > 0 above the root
+        theta -= step
+        if step <= 1e-5 * theta:
             break
-    return math.sqrt(lo * hi)
+        g, slope = g_and_slope(theta)
+    return theta
 
 
 __all__ = ["Slo", "TokenMix", "Prediction", "ServiceModel"]
