@@ -64,6 +64,7 @@ class Connection(asyncio.Protocol):
         self._done_waiter: asyncio.Future | None = None
         self._sink: Callable[[bytes], None] | None = None
         self._pending: list[bytes] = []
+        self._held = 0
         self.error: str | None = None
 
     # ---- used by the proxy -----------------------------------------------------------------
@@ -82,8 +83,10 @@ class Connection(asyncio.Protocol):
         """Hand every body piece to `sink` as it arrives; the future ends with None or an error type."""
         self._sink = sink
         pending, self._pending = self._pending, []
-        for piece in pending:
+        for i, piece in enumerate(pending):
+            self._held = len(pending) - 1 - i     # pieces that arrived before it and are not handed over yet
             sink(piece)
+        self._held = 0
         return self._done_waiter
 
     async def read_body(self) -> bytes:
@@ -283,7 +286,7 @@ class Connection(asyncio.Protocol):
     def body_complete(self) -> bool:
         """True from the piece that holds the body's last bytes on: a sink can end its own
         response with the bytes it forwards, instead of in a write of its own after them."""
-        return self._state == _DONE
+        return self._state == _DONE and not self._held
 
     @property
     def reusable(self) -> bool:

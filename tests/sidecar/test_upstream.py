@@ -75,6 +75,21 @@ def test_the_piece_with_the_last_bytes_knows_the_body_is_complete(cuts):
     assert conn.body_complete
 
 
+def test_pieces_held_before_the_sink_came_are_complete_only_at_the_last():
+    # Reads that arrive before the proxy hands over its sink are held, then replayed: only the
+    # last of them may end the client's body, or the terminal chunk would go out before the rest.
+    conn = Connection(_Pool())
+    conn.connection_made(_Transport())
+    head_end = CHUNKED.index(b"\r\n\r\n") + 4
+    conn.data_received(CHUNKED[:head_end + 30])
+    conn.data_received(CHUNKED[head_end + 30:])
+    seen: list[tuple[bytes, bool]] = []
+    conn.start_body(lambda piece: seen.append((piece, conn.body_complete)))
+    assert b"".join(p for p, _ in seen) == BODY
+    assert [done for _, done in seen] == [False, True]
+    assert conn.body_complete
+
+
 def test_content_length_piece_with_the_last_bytes_knows_the_body_is_complete():
     body = b'{"choices": [{"text": "hi"}]}'
     response = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
