@@ -285,13 +285,13 @@ class OnlineServiceModel:
                 # token. So the same M/G/1 inversion as from TTFT, on the engine's own clock.
                 net = max(queue_mean + prefill_mean - 1.5 * step, 0.1 * prefill_mean)
                 k = _service_per_token(net, lam_r, p_mean, self._prompt_m2(p_mean))
+                if ttft_mean is not None:
+                    extra = ttft_mean - queue_mean - prefill_mean
+                    self._add_lin(self._overhead, max(0.0, extra), float(o.ttft_count))
             else:
                 # The prefill time alone runs from scheduling to the first token: it holds the
                 # step that samples that token, which service_model.predict counts on its own.
                 k = max(prefill_mean - step, 0.1 * prefill_mean) / p_mean
-            if ttft_mean is not None and queue_mean is not None:
-                extra = ttft_mean - queue_mean - prefill_mean
-                self._add_lin(self._overhead, max(0.0, extra), float(o.ttft_count))
         elif ttft_mean is not None and p_mean > 0:
             # TTFT less the steps every request waits through (predict counts 1.5 of them).
             net = max(ttft_mean - self.ttft_overhead_s() - 1.5 * step, 0.1 * ttft_mean)

@@ -174,10 +174,10 @@ async def relay_sse(request: web.BaseRequest, conn, timer: StreamTimer, clock) -
     # as the last bytes (as a stream's [DONE] and the terminal chunk usually do), the terminal
     # chunk leaves in the same write. One send less per request; sends are what a proxy pays most.
     ends_with_upstream = out is SENT and chunked
-    ended = []
+    terminated = False
 
     def sink(data: bytes) -> None:
-        nonlocal head
+        nonlocal head, terminated
         forward = relay(data, clock())
         if forward and not transport.is_closing():
             frame = b"%x\r\n%s\r\n" % (len(forward), forward) if chunked else forward
@@ -185,7 +185,7 @@ async def relay_sse(request: web.BaseRequest, conn, timer: StreamTimer, clock) -
                 frame, head = head + frame, b""   # status line and headers leave with the first bytes
             if ends_with_upstream and conn.body_complete:
                 frame += b"0\r\n\r\n"
-                ended.append(True)
+                terminated = True
             transport.write(frame)
             if not paused and transport.get_write_buffer_size() > _HIGH_WATER:
                 paused.append(True)
@@ -203,7 +203,7 @@ async def relay_sse(request: web.BaseRequest, conn, timer: StreamTimer, clock) -
             + b"\n\ndata: [DONE]\n\n"
         transport.write(b"%x\r\n%s\r\n" % (len(event), event) if chunked else event)
     if out is SENT:
-        request.end_response(terminated=bool(ended))
+        request.end_response(terminated=terminated)
     else:
         await out.write_eof()
     return out, error_type

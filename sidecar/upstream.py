@@ -84,7 +84,7 @@ class Connection(asyncio.Protocol):
         self._sink = sink
         pending, self._pending = self._pending, []
         for i, piece in enumerate(pending):
-            self._held = len(pending) - 1 - i     # pieces that arrived before it and are not handed over yet
+            self._held = len(pending) - 1 - i     # held pieces still to come after this one
             sink(piece)
         self._held = 0
         return self._done_waiter
