@@ -237,7 +237,11 @@ class OnlineServiceModel:
             self._mix[1] += o.input_tokens
             self._mix[2] += o.output_tokens
         p_mean, o_mean = self.mix_means()
-        lam_r = max(0.0, o.arrival_rps) / r
+        # The load the requests that ended in this step met: the rate they leave at, not the rate new
+        # ones arrive at. Their TTFT and TPOT were formed over the seconds before they ended; a step's
+        # arrivals can have stopped (or begun) meanwhile. Inverting the prompt queue at no arrivals
+        # would read the waiting these requests did as a slow prefill. In a steady state both agree.
+        lam_r = o.ended / o.dt / r
         batch = max(0.0, o.running) / r
         # Decode first: TPOT net of the time prompts took from it (at the prefill rate known so far),
         # unless the engines' iteration counters are usable this step (below): that is the sharper

@@ -10,13 +10,19 @@ the forecaster assumes from the counters alone (exponential lengths around the o
     python scripts/service_model_accuracy.py --model smollm2 --rates 0.5,1,1.5,2,2.5 --duration 60
 Writes docs/service_model/<model>_accuracy.{json,md}; prints the table and the load average.
 `--repredict docs/service_model/smollm2_accuracy.json` re-scores a saved run (its measured figures
-and learned parameters) with the service model as it is now, without running anything.
+and learned parameters) with the service model as it is now, without running anything. A run
+also records every scrape of the sidecar's /metrics the forecaster saw (`--scrapes FILE`, gzip
+JSON lines; default beside the report); `--repredict JSON --relearn SCRAPES` re-learns the model
+from those scrapes with the learner as it is now (forecaster/service_learn.py) before scoring.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
+import threading
+import time
 import os
 import re
 import subprocess
@@ -56,14 +62,23 @@ def main(argv=None) -> int:
     p.add_argument("--repredict", metavar="JSON",
                    help="no run: re-score a saved <model>_accuracy.json (its measured figures and learned "
                         "parameters) with the service model as it is now")
+    p.add_argument("--scrapes", metavar="FILE", help="where a run records the sidecar's /metrics pages "
+                                                    "(default: OUT/<model>_scrapes.jsonl.gz)")
+    p.add_argument("--relearn", metavar="SCRAPES", help="with --repredict: re-learn the model from a run's "
+                                                       "recorded scrapes with the learner as it is now")
     args = p.parse_args(argv)
+    if args.relearn and not args.repredict:
+        p.error("--relearn needs --repredict (the run's measured figures)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.repredict:
         saved = json.loads(Path(args.repredict).read_text())
         points = [{"rate": r["rate"], "attainment": r["attainment"], "measured": r["measured"]} for r in saved["rows"]]
         p_mean, o_mean = saved["mix_means"] if len(saved["mix_means"]) == 2 else (args.input_tokens, args.output_tokens)
-        return _report(args, out, ServiceModel(**saved["learned"]), p_mean, o_mean, points,
+        model = ServiceModel(**saved["learned"])
+        if args.relearn:
+            model, (p_mean, o_mean) = relearn(Path(args.relearn), model)
+        return _report(args, out, model, p_mean, o_mean, points,
                        saved["load_average"], repredicted=True)
     work = Path(tempfile.mkdtemp(prefix="svc-accuracy-"))
     slo = work / "slo.yaml"
@@ -81,12 +96,19 @@ def main(argv=None) -> int:
                                                    "--host", "127.0.0.1", "--metrics-port", str(forecaster),
                                                    "--api-port", "0", "--step", "5", "--horizon", "30"),
                                    f"http://127.0.0.1:{forecaster}/metrics", timeout=60, name="forecaster"))
+        scrapes = Path(args.scrapes) if args.scrapes else out / f"{args.model}_scrapes.jsonl.gz"
+        recorder = _Recorder(f"http://127.0.0.1:{sidecar}/metrics", scrapes, period=5.0)
         sweep_dir = work / "sweep"
         cmd = goodput_command("sweep", "--url", f"http://127.0.0.1:{sidecar}", "--rates", args.rates,
                               "--duration", str(args.duration), "--input-tokens", str(args.input_tokens),
                               "--output-tokens", str(args.output_tokens), "--slo-ttft", "3", "--slo-tpot", "0.5",
                               "--out", str(sweep_dir), "--quiet", "--seed", "0")
-        subprocess.run(cmd, check=True, env={**os.environ})
+        recorder.start()
+        try:
+            subprocess.run(cmd, check=True, env={**os.environ})
+        finally:
+            recorder.stop()
+        print(f"recorded {recorder.count} scrapes of the sidecar in {scrapes}")
         text = urllib.request.urlopen(f"http://127.0.0.1:{forecaster}/metrics", timeout=10).read().decode()
     finally:
         for proc in reversed(procs):
@@ -107,6 +129,69 @@ def main(argv=None) -> int:
                             "tpot p50": point["tpot"]["p50"], "tpot p99": point["tpot"]["p99"]}}
               for point in sweep["points"]]
     return _report(args, out, model, p_mean, o_mean, points, os.getloadavg())
+
+
+class _Recorder(threading.Thread):
+    """Scrapes the sidecar every `period` seconds, as the forecaster does, and keeps each page."""
+
+    def __init__(self, url: str, path: Path, period: float):
+        super().__init__(daemon=True, name="scrape-recorder")
+        self.url, self.path, self.period, self.count = url, path, period, 0
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        with gzip.open(self.path, "wt") as f:
+            while not self._halt.wait(self.period):
+                try:
+                    text = urllib.request.urlopen(self.url, timeout=5).read().decode()
+                except OSError as exc:
+                    print(f"scrape failed: {exc}", file=sys.stderr)
+                    continue
+                f.write(json.dumps({"t": time.time(), "text": text}) + "\n")
+                self.count += 1
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(timeout=30)
+
+
+def relearn(path: Path, saved: ServiceModel) -> tuple[ServiceModel, tuple[float, float]]:
+    """Replay recorded sidecar scrapes through the forecaster's policy (scrape parsing, per-step
+    observations, the online learner) and return the model it learns and the mix means."""
+    from forecaster.policy import ForecastPolicy, PolicyConfig
+    from forecaster.sources.scrape import ScrapeSource
+
+    with gzip.open(path, "rt") as f:
+        pages = [json.loads(line) for line in f if line.strip()]
+    if len(pages) < 3:
+        raise SystemExit(f"{path}: {len(pages)} scrapes; too few to learn from")
+    current: dict = {}
+
+    class Replay(ScrapeSource):
+        def _scrape(self, url):
+            from forecaster.sources.scrape import parse_metrics, parse_slos
+            self.slos = parse_slos(current["text"]) or self.slos
+            return parse_metrics(current["text"])
+
+    source = Replay(lambda: ["replay"])
+    policy = ForecastPolicy(PolicyConfig(step_seconds=5.0, horizon_seconds=30.0, models=("naive",)))
+    try:
+        for page in pages:
+            current["text"] = page["text"]
+            sample = source.poll(now=page["t"])
+            if sample is not None:
+                policy.observe(sample)
+    finally:
+        source.close()
+    model = policy.service.model()
+    if model is None:
+        raise SystemExit(f"{path}: the learner was not ready after {len(pages)} scrapes")
+    # As a run reads it: the engine's budget and batch limit are not exported.
+    model = ServiceModel(**{**model.to_dict(), "max_batch": saved.max_batch, "step_token_budget": saved.step_token_budget,
+                            "name": "relearned"})
+    print(f"relearned from {len(pages)} scrapes: prefill {model.prefill_tokens_per_s:.0f} tok/s, step {1000 * model.step_s(1):.1f} ms + "
+          f"{1000 * model.decode_per_seq_s:.2f} ms/seq, TTFT overhead {1000 * model.ttft_overhead_s:.0f} ms")
+    return model, policy.service.mix_means()
 
 
 def _report(args, out: Path, model: ServiceModel, p_mean: float, o_mean: float, points: list, load,

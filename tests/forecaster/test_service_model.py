@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from forecaster.policy import FleetSample, ForecastPolicy, PolicyConfig
-from forecaster.service_learn import OnlineServiceModel
+from forecaster.service_learn import OnlineServiceModel, StepObservation
 from forecaster.service_model import ServiceModel, Slo, TokenMix
 from forecaster.simulate.fleet import RequestFleet
 from forecaster.simulate.profiles import H100_70B, ServiceProfile
@@ -136,6 +136,31 @@ def test_online_fit_recovers_a_known_replica():
     # Capacity in the SLO's terms, learned, within 30 % of the truth's.
     assert policy.capacity_rps == pytest.approx(cap, rel=0.3)
     assert policy.capacity_source == "service-model"
+
+
+def test_a_backlog_draining_after_arrivals_stop_is_not_read_as_a_slow_prefill():
+    # One replica, 128-token prompts, a prompt token costs 1/400 s (a prompt 0.32 s). Twenty
+    # steady steps at 1 req/s report queue + prefill times of exactly the M/G/1 queue the learner
+    # inverts. Then arrivals stop while a backlog drains at the prefill's own pace (15 requests a
+    # 5-s step, each having waited 2 s): those requests waited because of the load they arrived
+    # into, not because prefill slowed. Inverted at the step's arrival rate (0) the drain read as a
+    # 55 tok/s prefill and, weighing more requests than the steady steps, became the estimate.
+    k, p = 1.0 / 400.0, 128.0
+    s = p * k
+    w = 1.0 * (2 * p * p) * k * k / (2 * (1 - 1.0 * s))   # the learner assumes exponential lengths
+    learner = OnlineServiceModel()
+
+    def step(arrival: float, ended: float, queue: float) -> StepObservation:
+        return StepObservation(dt=5.0, replicas=1, arrival_rps=arrival, ended=ended, input_tokens=ended * p,
+                               output_tokens=ended * 32, prefill_sum=ended * s, prefill_count=ended,
+                               queue_sum=ended * queue, queue_count=ended)
+
+    for _ in range(20):
+        learner.observe(step(1.0, 5.0, w))
+    assert learner.prefill_rate() == pytest.approx(400.0, rel=0.05)
+    for _ in range(8):
+        learner.observe(step(0.0, 15.0, 2.0))
+    assert learner.prefill_rate() == pytest.approx(400.0, rel=0.25)
 
 
 def _decode_bound_profile():
@@ -335,3 +360,43 @@ def test_prefill_queue_tail_matches_an_exact_mg1_for_constant_and_exponential_pr
         # probability used before overstated the constant prompts' p99 by 18 % and 11 % at
         # rho = 0.3 and 0.6 (2 % at 0.8), and fails here.
         assert predicted == pytest.approx(exact, rel=0.1), (lam, exact, predicted)
+
+
+def test_the_accuracy_script_relearns_from_recorded_scrapes(tmp_path):
+    # scripts/service_model_accuracy.py --relearn replays a run's recorded sidecar pages through
+    # the forecaster's own parsing and learner; here pages of a fake sidecar whose requests each
+    # take 0.2 s of prefill after 0.05 s queued (100 prompt tokens, 10 out), 2 req/s.
+    import gzip
+    import importlib.util
+    import json
+
+    from prometheus_client import generate_latest
+
+    from tests.forecaster.sidecar_metrics import FakeSidecarMetrics
+    from tests.support import free_port
+
+    spec = importlib.util.spec_from_file_location("accuracy", "scripts/service_model_accuracy.py")
+    accuracy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(accuracy)
+    fake = FakeSidecarMetrics(free_port())
+    path = tmp_path / "scrapes.jsonl.gz"
+    try:
+        fake.running.labels("m").set(4)
+        with gzip.open(path, "wt") as f:
+            for i in range(20):
+                fake.serve(good=10)
+                f.write(json.dumps({"t": 1000.0 + 5 * i, "text": generate_latest(fake.registry).decode()}) + "\n")
+    finally:
+        fake.stop()
+    saved = ServiceModel(prefill_tokens_per_s=1.0, decode_base_s=1.0, decode_per_seq_s=0.0, kv_capacity_tokens=1e6,
+                         max_batch=64, step_token_budget=1 << 30)
+    model, (p_mean, o_mean) = accuracy.relearn(path, saved)
+    assert (p_mean, o_mean) == (pytest.approx(100.0), pytest.approx(10.0))
+    assert model.max_batch == 64 and model.step_token_budget == 1 << 30   # as the run reads them
+    # 50 iterations a 5-s step generating 100 tokens: a batch of 2 at 0.1 s an iteration, less the
+    # prompts' share of the engine (1,000 tokens at the learned rate).
+    assert 0.06 < model.step_s(2) < 0.1
+    assert model.prefill_tokens_per_s > 100 / 0.25
+    with pytest.raises(SystemExit, match="too few"):
+        gzip.open(tmp_path / "short.jsonl.gz", "wt").close()
+        accuracy.relearn(tmp_path / "short.jsonl.gz", saved)
