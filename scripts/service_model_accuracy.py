@@ -11,7 +11,7 @@ the forecaster assumes from the counters alone (exponential lengths around the o
 Writes docs/service_model/<model>_accuracy.{json,md}; prints the table and the load average.
 `--repredict docs/service_model/smollm2_accuracy.json` re-scores a saved run (its measured figures
 and learned parameters) with the service model as it is now, without running anything. A run
-also records every scrape of the sidecar's /metrics the forecaster saw (`--scrapes FILE`, gzip
+also records the sidecar's /metrics every 5 s, as the forecaster scrapes it (`--scrapes FILE`, gzip
 JSON lines; default beside the report); `--repredict JSON --relearn SCRAPES` re-learns the model
 from those scrapes with the learner as it is now (forecaster/service_learn.py) before scoring.
 """
@@ -21,13 +21,13 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import threading
-import time
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -159,7 +159,7 @@ def relearn(path: Path, saved: ServiceModel) -> tuple[ServiceModel, tuple[float,
     """Replay recorded sidecar scrapes through the forecaster's policy (scrape parsing, per-step
     observations, the online learner) and return the model it learns and the mix means."""
     from forecaster.policy import ForecastPolicy, PolicyConfig
-    from forecaster.sources.scrape import ScrapeSource
+    from forecaster.sources.scrape import ScrapeSource, parse_metrics, parse_slos
 
     with gzip.open(path, "rt") as f:
         pages = [json.loads(line) for line in f if line.strip()]
@@ -169,7 +169,6 @@ def relearn(path: Path, saved: ServiceModel) -> tuple[ServiceModel, tuple[float,
 
     class Replay(ScrapeSource):
         def _scrape(self, url):
-            from forecaster.sources.scrape import parse_metrics, parse_slos
             self.slos = parse_slos(current["text"]) or self.slos
             return parse_metrics(current["text"])
 
@@ -189,8 +188,9 @@ def relearn(path: Path, saved: ServiceModel) -> tuple[ServiceModel, tuple[float,
     # As a run reads it: the engine's budget and batch limit are not exported.
     model = ServiceModel(**{**model.to_dict(), "max_batch": saved.max_batch, "step_token_budget": saved.step_token_budget,
                             "name": "relearned"})
-    print(f"relearned from {len(pages)} scrapes: prefill {model.prefill_tokens_per_s:.0f} tok/s, step {1000 * model.step_s(1):.1f} ms + "
-          f"{1000 * model.decode_per_seq_s:.2f} ms/seq, TTFT overhead {1000 * model.ttft_overhead_s:.0f} ms")
+    print(f"relearned from {len(pages)} scrapes: prefill {model.prefill_tokens_per_s:.0f} tok/s, "
+          f"step {1000 * model.step_s(1):.1f} ms + {1000 * model.decode_per_seq_s:.2f} ms/seq, "
+          f"TTFT overhead {1000 * model.ttft_overhead_s:.0f} ms")
     return model, policy.service.mix_means()
 
 
