@@ -36,6 +36,7 @@ class FleetSample:
     queue_count_total: float | None = None
     generation_tokens_total: float | None = None  # goodput_engine_generation_tokens_total (as generated)
     engine_steps_total: float | None = None       # goodput_engine_steps_total (engine iterations)
+    prompt_computed_total: float | None = None    # goodput_engine_prompt_tokens_computed_total (at prefill)
     input_token_hist_total: dict | None = None    # goodput_request_input_tokens: {le: cumulative count}
     output_token_hist_total: dict | None = None
     slos: tuple | None = None                 # the sidecars' SLO classes (service_model.Slo)
@@ -97,4 +98,5 @@ def step_observation(prev: FleetSample, cur: FleetSample, arrival_rps: float | N
         input_hist=hist_delta(prev.input_token_hist_total, cur.input_token_hist_total),
         output_hist=hist_delta(prev.output_token_hist_total, cur.output_token_hist_total),
         generated_tokens=delta(prev.generation_tokens_total, cur.generation_tokens_total),
-        engine_steps=delta(prev.engine_steps_total, cur.engine_steps_total))
+        engine_steps=delta(prev.engine_steps_total, cur.engine_steps_total),
+        prefilled_tokens=delta(prev.prompt_computed_total, cur.prompt_computed_total))

@@ -5,7 +5,8 @@ Every forecast step turns the fleet's counters and gauges into per-replica obser
   of time the replica spends on prompt tokens) against the batch x = running requests per replica,
   and, where the engines export iteration and generated-token counters (vLLM's
   iteration_tokens_total, generation_tokens_total), the mean iteration time against the mean batch
-  per iteration of this very step (it moves as soon as the batch does; TPOT waits for requests to end),
+  per iteration of this very step (it moves as soon as the batch does; TPOT waits for requests to end;
+  net of the prompt tokens the engines counted as prefilled in the step, vLLM's prompt_tokens_total),
   fitted as y = a + c·x by weighted least squares with exponential forgetting (recent steps count
   more; a weak prior keeps the slope sane while the batch has not moved);
 - prefill: per step, the seconds a prompt token occupies the model's M/G/1 prompt queue that make
@@ -68,6 +69,8 @@ class StepObservation:
     generated_tokens: float | None = None   # tokens the engines generated in the step (counted as
                                             # they stream, unlike output_tokens: at the end)
     engine_steps: float | None = None       # engine iterations in the step (whole fleet)
+    prefilled_tokens: float | None = None   # prompt tokens the engines computed in the step (counted at
+                                            # prefill, unlike input_tokens: at the end; cache hits excluded)
 
 
 @dataclass(frozen=True)
@@ -263,7 +266,10 @@ class OnlineServiceModel:
         if iterations:
             mean_batch = o.generated_tokens / o.engine_steps
             pf_rate = self.prefill_rate()
-            prompt_s = (o.input_tokens / pf_rate) if pf_rate else 0.0
+            # The prompt work this step's iterations carried: what the engines prefilled in it where
+            # they count that, else the prompts of the requests that ended (which lag by a lifetime).
+            prompts = o.prefilled_tokens if o.prefilled_tokens is not None else o.input_tokens
+            prompt_s = (prompts / pf_rate) if pf_rate else 0.0
             y = (o.dt * r - prompt_s) / o.engine_steps
             if math.isfinite(y) and y > 0 and mean_batch >= 1.0:
                 self._add_decode(mean_batch, y, max(1.0, float(o.tpot_count or o.ended)))

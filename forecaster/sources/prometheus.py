@@ -40,6 +40,7 @@ DEFAULT_QUERIES = {
     "queue_count": "sum(rate(goodput_engine_queue_time_seconds_count[{window}]))",
     "generation_tokens": "sum(rate(goodput_engine_generation_tokens_total[{window}]))",
     "engine_steps": "sum(rate(goodput_engine_steps_total[{window}]))",
+    "prompt_computed": "sum(rate(goodput_engine_prompt_tokens_computed_total[{window}]))",
     "input_token_hist": "sum by (le) (rate(goodput_request_input_tokens_bucket[{window}]))",
     "output_token_hist": "sum by (le) (rate(goodput_request_output_tokens_bucket[{window}]))",
     "in_flight": "sum(goodput_requests_in_flight)",
@@ -51,7 +52,7 @@ DEFAULT_QUERIES = {
 }
 RATES = ("arrivals", "good", "input_tokens", "output_tokens", "preemptions", "ended", "ttft_sum", "ttft_count",
          "tpot_sum", "tpot_count", "prefill_sum", "prefill_count", "queue_sum", "queue_count", "generation_tokens",
-         "engine_steps")
+         "engine_steps", "prompt_computed")
 # Rates per histogram bucket (one series per `le`), integrated into cumulative counts per bucket.
 BUCKETED = ("input_token_hist", "output_token_hist")
 SLO_QUERIES = ("max by (slo_class, objective) (goodput_slo_target_seconds)",
@@ -142,6 +143,7 @@ class PrometheusSource:
                            queue_count_total=self._total_if_exported("queue_count", "queue_count"),
                            generation_tokens_total=self._total_if_exported("generation_tokens", "generation_tokens"),
                            engine_steps_total=self._total_if_exported("engine_steps", "engine_steps"),
+                           prompt_computed_total=self._total_if_exported("prompt_computed", "prompt_computed"),
                            input_token_hist_total=dict(self._buckets["input_token_hist"]) or None,
                            output_token_hist_total=dict(self._buckets["output_token_hist"]) or None,
                            slos=self.slos or None)

@@ -43,6 +43,7 @@ COUNTERS = {
     "queue_count": ("goodput_engine_queue_time_seconds_count", None),
     "generation_tokens": ("goodput_engine_generation_tokens_total", None),
     "engine_steps": ("goodput_engine_steps_total", None),
+    "prompt_computed": ("goodput_engine_prompt_tokens_computed_total", None),
 }
 GAUGES = {
     "in_flight": "goodput_requests_in_flight",
@@ -215,6 +216,7 @@ class ScrapeSource:
                            input_token_hist_total=_hist(self._totals, "inhist"),
                            output_token_hist_total=_hist(self._totals, "outhist"),
                            engine_steps_total=self._totals["engine_steps"] or None,
+                           prompt_computed_total=self._totals["prompt_computed"] or None,
                            slos=self.slos or None)
 
     def starting_replicas(self) -> int:

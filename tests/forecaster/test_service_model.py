@@ -400,3 +400,30 @@ def test_the_accuracy_script_relearns_from_recorded_scrapes(tmp_path):
     with pytest.raises(SystemExit, match="too few"):
         gzip.open(tmp_path / "short.jsonl.gz", "wt").close()
         accuracy.relearn(tmp_path / "short.jsonl.gz", saved)
+
+
+@pytest.mark.parametrize("counted_at_prefill", [True, False])
+def test_the_decode_step_from_iterations_nets_out_the_prompts_prefilled_in_that_step(counted_at_prefill):
+    # One replica decoding a batch of 8 at 0.14 s an iteration, a prompt token 1/400 s. Prompts
+    # are prefilled in every other 5-s step (800 tokens: 2 s of it), and the requests they belong
+    # to end a step later, so the prompt tokens of the requests that ended fall in the other
+    # steps. Netting those out of an iteration's time reads 0.233 s and 0.084 s by turns (the
+    # line lands at 0.104 s: the steps ending more requests weigh more); the engine's own count
+    # of what it prefilled in the step (goodput_engine_prompt_tokens_computed) gives 0.14 s every
+    # step.
+    prior = ServiceModel(prefill_tokens_per_s=400.0, decode_base_s=0.1, decode_per_seq_s=0.005,
+                         kv_capacity_tokens=1e6, max_batch=64, step_token_budget=1 << 30)
+    learner = OnlineServiceModel(prior=prior, prior_weight=0.01)
+    for i in range(40):
+        prefilled = 800.0 if i % 2 == 0 else 0.0
+        ended_prompts = 800.0 - prefilled
+        iterations = (5.0 - prefilled / 400.0) / 0.14
+        learner.observe(StepObservation(
+            dt=5.0, replicas=1, arrival_rps=1.25, ended=ended_prompts / 128 or 0.5, input_tokens=ended_prompts,
+            output_tokens=32.0, running=8.0, running_start=8.0, engine_steps=iterations,
+            generated_tokens=8.0 * iterations, prefilled_tokens=prefilled if counted_at_prefill else None))
+    m = learner.model()
+    if counted_at_prefill:
+        assert m.step_s(8) == pytest.approx(0.14, rel=0.02)
+    else:   # what the learner reads where an engine does not count its prefilled tokens
+        assert abs(m.step_s(8) / 0.14 - 1) > 0.05
