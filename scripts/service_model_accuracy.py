@@ -159,20 +159,14 @@ def relearn(path: Path, saved: ServiceModel) -> tuple[ServiceModel, tuple[float,
     """Replay recorded sidecar scrapes through the forecaster's policy (scrape parsing, per-step
     observations, the online learner) and return the model it learns and the mix means."""
     from forecaster.policy import ForecastPolicy, PolicyConfig
-    from forecaster.sources.scrape import ScrapeSource, parse_metrics, parse_slos
+    from forecaster.sources.scrape import ScrapeSource
 
     with gzip.open(path, "rt") as f:
         pages = [json.loads(line) for line in f if line.strip()]
     if len(pages) < 3:
         raise SystemExit(f"{path}: {len(pages)} scrapes; too few to learn from")
     current: dict = {}
-
-    class Replay(ScrapeSource):
-        def _scrape(self, url):
-            self.slos = parse_slos(current["text"]) or self.slos
-            return parse_metrics(current["text"])
-
-    source = Replay(lambda: ["replay"])
+    source = ScrapeSource(lambda: ["replay"], fetch=lambda url: current["text"])
     policy = ForecastPolicy(PolicyConfig(step_seconds=5.0, horizon_seconds=30.0, models=("naive",)))
     try:
         for page in pages:

@@ -125,11 +125,14 @@ class EngineSnapshot:
 
 
 # Sample names normalise() reads; every other line is skipped unparsed (see _samples).
-_WANTED_SAMPLES = frozenset(SOURCES) | frozenset(f"{h}{suffix}" for h in HISTOGRAM_SOURCES
-                                                 for suffix in ("_bucket", "_sum", "_count"))
 _HISTOGRAM_OF = {f"{h}{suffix}": h for h in HISTOGRAM_SOURCES for suffix in ("_bucket", "_sum", "_count")}
+_WANTED_SAMPLES = frozenset(SOURCES) | frozenset(_HISTOGRAM_OF)
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|(?=\}))')
 _ESCAPE = re.compile(r"\\(.)")
+
+
+def _unescape(m: re.Match) -> str:
+    return "\n" if m.group(1) == "n" else m.group(1)   # exposition escapes: \\, \" and \n
 
 
 def _samples(text: str):
@@ -152,8 +155,8 @@ def _samples(text: str):
                 if parts[1] == "TYPE" and len(parts) == 4 and parts[2] in HISTOGRAM_SOURCES:
                     types[parts[2]] = parts[3].strip()
             continue
-        brace = line.find("{")
-        name = (line[:brace] if brace >= 0 else line).split(None, 1)[0] if (brace != 0) else ""
+        head = line.split("{", 1)[0].split(None, 1)
+        name = head[0] if head else ""          # a line opening with "{" names nothing
         if name not in _WANTED_SAMPLES:
             continue
         exposition = True
@@ -166,8 +169,7 @@ def _samples(text: str):
                 if m is None:
                     break
                 value = m.group(2)
-                labels[m.group(1)] = _ESCAPE.sub(lambda e: "\n" if e.group(1) == "n" else e.group(1), value) \
-                    if "\\" in value else value
+                labels[m.group(1)] = _ESCAPE.sub(_unescape, value) if "\\" in value else value
                 pos = m.end()
             close = rest.find("}", pos)
             if close < 0 or rest[pos:close].strip():

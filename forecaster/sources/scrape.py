@@ -140,12 +140,15 @@ class _Target:
 
 
 class ScrapeSource:
-    """Scrapes `targets()` (URLs of /metrics) every poll; `targets` may change between polls."""
+    """Scrapes `targets()` (URLs of /metrics) every poll; `targets` may change between polls.
+    `fetch(url) -> text` replaces the HTTP GET (a replay of recorded pages)."""
 
     def __init__(self, targets: Callable[[], list[str]], timeout: float = 5.0,
                  starting: Callable[[], int] | None = None,
-                 cold_start: Callable[[], float | None] | None = None):
+                 cold_start: Callable[[], float | None] | None = None,
+                 fetch: Callable[[str], str] | None = None):
         self._targets = targets
+        self._fetch = fetch
         self._starting = starting
         self._cold_start = cold_start
         self._client = httpx.Client(timeout=timeout)
@@ -157,10 +160,14 @@ class ScrapeSource:
 
     def _scrape(self, url: str) -> dict[str, float] | None:
         try:
-            resp = self._client.get(url)
-            resp.raise_for_status()
-            found = parse_metrics(resp.text)
-            slos = parse_slos(resp.text)
+            if self._fetch is not None:
+                text = self._fetch(url)
+            else:
+                resp = self._client.get(url)
+                resp.raise_for_status()
+                text = resp.text
+            found = parse_metrics(text)
+            slos = parse_slos(text)
             if slos:
                 self.slos = slos
             return found

@@ -397,8 +397,8 @@ def test_the_accuracy_script_relearns_from_recorded_scrapes(tmp_path):
     # prompts' share of the engine (1,000 tokens at the learned rate).
     assert 0.06 < model.step_s(2) < 0.1
     assert model.prefill_tokens_per_s > 100 / 0.25
+    gzip.open(tmp_path / "short.jsonl.gz", "wt").close()
     with pytest.raises(SystemExit, match="too few"):
-        gzip.open(tmp_path / "short.jsonl.gz", "wt").close()
         accuracy.relearn(tmp_path / "short.jsonl.gz", saved)
 
 

@@ -239,7 +239,7 @@ def test_a_malformed_wanted_line_is_an_error_and_an_unwanted_one_is_skipped():
     with pytest.raises(ValueError):
         list(_samples('vllm:num_requests_waiting{model_name="m"} three\n'))
     # Lines the scraper does not read are not parsed, so they cannot fail it.
-    assert list(_samples('# TYPE x gauge\nx{broken 1\nvllm:num_requests_running 2\n')) == [
+    assert list(_samples('# TYPE x gauge\nx{broken 1\n{"no": "name"} 1\nvllm:num_requests_running 2\n')) == [
         ("vllm:num_requests_running", {}, 2.0, None)]
     with pytest.raises(ValueError, match="not Prometheus exposition"):
         list(_samples("<html><body>502 Bad Gateway</body></html>\n"))
