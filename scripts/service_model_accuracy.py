@@ -8,6 +8,8 @@ p50/p99 at each swept rate with them: once with the sweep's actual token mix, on
 the forecaster assumes from the counters alone (exponential lengths around the observed means).
 
     python scripts/service_model_accuracy.py --model smollm2 --rates 0.5,1,1.5,2,2.5 --duration 60
+
+Each rate runs at least --duration seconds and long enough for --min-requests requests (100).
 Writes docs/service_model/<model>_accuracy.{json,md}; prints the table and the load average.
 `--repredict docs/service_model/smollm2_accuracy.json` re-scores a saved run (its measured figures
 and learned parameters) with the service model as it is now, without running anything. A run
@@ -48,14 +50,21 @@ def _gauges(text: str, name: str) -> dict[str, float]:
 
 
 def _param(text: str, name: str, labels: str = 'bound="mean"') -> float:
-    return _gauges(text, name)[labels]
+    try:
+        return _gauges(text, name)[labels]
+    except KeyError:
+        raise SystemExit(f"the forecaster exports no {name}{{{labels}}}: its service model had not learned "
+                         "the replica by the end of the run (run longer or at more load)") from None
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2")
     p.add_argument("--rates", default="0.5,1,1.5,2,2.5")
-    p.add_argument("--duration", type=float, default=60.0)
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals per rate, at least")
+    p.add_argument("--min-requests", type=int, default=100,
+                   help="a rate runs long enough for this many requests (duration = max(--duration, N / rate)): "
+                        "a p99 of a dozen requests is their slowest one")
     p.add_argument("--input-tokens", type=int, default=128)
     p.add_argument("--output-tokens", type=int, default=32)
     p.add_argument("--out", default="docs/service_model")
@@ -73,7 +82,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.repredict:
         saved = json.loads(Path(args.repredict).read_text())
-        points = [{"rate": r["rate"], "attainment": r["attainment"], "measured": r["measured"]} for r in saved["rows"]]
+        points = [{"rate": r["rate"], "attainment": r["attainment"], "requests": r.get("requests"),
+                   "measured": r["measured"]} for r in saved["rows"]]
         p_mean, o_mean = saved["mix_means"] if len(saved["mix_means"]) == 2 else (args.input_tokens, args.output_tokens)
         model = ServiceModel(**saved["learned"])
         if args.relearn:
@@ -98,14 +108,25 @@ def main(argv=None) -> int:
                                    f"http://127.0.0.1:{forecaster}/metrics", timeout=60, name="forecaster"))
         scrapes = Path(args.scrapes) if args.scrapes else out / f"{args.model}_scrapes.jsonl.gz"
         recorder = _Recorder(f"http://127.0.0.1:{sidecar}/metrics", scrapes, period=5.0)
-        sweep_dir = work / "sweep"
-        cmd = goodput_command("sweep", "--url", f"http://127.0.0.1:{sidecar}", "--rates", args.rates,
-                              "--duration", str(args.duration), "--input-tokens", str(args.input_tokens),
-                              "--output-tokens", str(args.output_tokens), "--slo-ttft", "3", "--slo-tpot", "0.5",
-                              "--out", str(sweep_dir), "--quiet", "--seed", "0")
+        rates = [float(r) for r in args.rates.split(",") if r.strip()]
+        if not rates or min(rates) <= 0:
+            p.error(f"--rates must be positive req/s, got {args.rates!r}")
+        sweep_points = []
         recorder.start()
         try:
-            subprocess.run(cmd, check=True, env={**os.environ})
+            # One sweep per rate, each long enough for --min-requests (the engine warmed up once).
+            for k, rate in enumerate(rates):
+                duration = max(args.duration, args.min_requests / rate)
+                sweep_dir = work / f"sweep-{k}"
+                cmd = goodput_command("sweep", "--url", f"http://127.0.0.1:{sidecar}", "--rates", f"{rate:g}",
+                                      "--duration", f"{duration:g}", "--input-tokens", str(args.input_tokens),
+                                      "--output-tokens", str(args.output_tokens), "--slo-ttft", "3",
+                                      "--slo-tpot", "0.5", "--out", str(sweep_dir), "--quiet", "--seed", str(k))
+                if k:
+                    cmd.append("--no-warmup")
+                print(f"rate {rate:g} req/s for {duration:.0f} s", flush=True)
+                subprocess.run(cmd, check=True, env={**os.environ})
+                sweep_points += json.loads((sweep_dir / "sweep.json").read_text())["points"]
         finally:
             recorder.stop()
         print(f"recorded {recorder.count} scrapes of the sidecar in {scrapes}")
@@ -113,7 +134,6 @@ def main(argv=None) -> int:
     finally:
         for proc in reversed(procs):
             proc.stop()
-    sweep = json.loads((sweep_dir / "sweep.json").read_text())
     model = ServiceModel(
         prefill_tokens_per_s=_param(text, "goodput_replica_prefill_tokens_per_second"),
         decode_base_s=_param(text, "goodput_replica_decode_step_seconds")
@@ -124,10 +144,10 @@ def main(argv=None) -> int:
         name="learned")
     mix_means = _gauges(text, "goodput_replica_tokens_per_request")
     p_mean, o_mean = mix_means['kind="prompt"'], mix_means['kind="output"']
-    points = [{"rate": point["rate"], "attainment": point["attainment"],
+    points = [{"rate": point["rate"], "attainment": point["attainment"], "requests": point.get("requests"),
                "measured": {"ttft p50": point["ttft"]["p50"], "ttft p99": point["ttft"]["p99"],
                             "tpot p50": point["tpot"]["p50"], "tpot p99": point["tpot"]["p99"]}}
-              for point in sweep["points"]]
+              for point in sweep_points]
     return _report(args, out, model, p_mean, o_mean, points, os.getloadavg())
 
 
@@ -195,7 +215,8 @@ def _report(args, out: Path, model: ServiceModel, p_mean: float, o_mean: float, 
     rows, errors = [], {name: [] for name in mixes}
     for point in points:
         rate, measured = point["rate"], point["measured"]
-        row = {"rate": rate, "attainment": point["attainment"], "measured": measured, "predicted": {}}
+        row = {"rate": rate, "attainment": point["attainment"], "requests": point.get("requests"),
+               "measured": measured, "predicted": {}}
         for name, mix in mixes.items():
             pred = model.predict(rate, mix)
             got = {"ttft p50": pred.ttft_quantile(0.5), "ttft p99": pred.ttft_quantile(0.99),
@@ -214,15 +235,16 @@ def _report(args, out: Path, model: ServiceModel, p_mean: float, o_mean: float, 
              f"{1000 * model.decode_per_seq_s:.2f} ms/seq, TTFT overhead {1000 * model.ttft_overhead_s:.0f} ms; "
              f"mix {p_mean:.0f}/{o_mean:.0f} tokens",
              "",
-             "| rate req/s | attainment | TTFT p50 meas / pred | TTFT p99 meas / pred | TPOT p50 meas / pred | "
-             "TPOT p99 meas / pred |", "|---|---|---|---|---|---|"]
+             "| rate req/s | requests | attainment | TTFT p50 meas / pred | TTFT p99 meas / pred | "
+             "TPOT p50 meas / pred | TPOT p99 meas / pred |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         cells = []
         for k in ("ttft p50", "ttft p99", "tpot p50", "tpot p99"):
             m = r["measured"][k]
             preds = " / ".join(f"{r['predicted'][n][k]:.3f}" for n in mixes)
             cells.append(f"{m:.3f} / {preds}" if m is not None else "-")
-        lines.append(f"| {r['rate']:g} | {100 * r['attainment']:.1f} % | " + " | ".join(cells) + " |")
+        lines.append(f"| {r['rate']:g} | {r.get('requests') or '-'} | {100 * r['attainment']:.1f} % | "
+                     + " | ".join(cells) + " |")
     lines += ["", "predicted = with the sweep's mix / with the mix assumed from the counters (exponential lengths)",
               "max relative error: " + ", ".join(f"{k} {100 * v:.0f} %" for k, v in doc["max_error"].items() if v is not None),
               f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
