@@ -24,7 +24,6 @@ import argparse
 import gzip
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -38,23 +37,45 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 
 from forecaster.service_model import ServiceModel, TokenMix  # noqa: E402
+from goodput_cli import promtext  # noqa: E402
 from goodput_cli.procs import ServerProcess, goodput_command  # noqa: E402
 from tests.support import free_port  # noqa: E402
 
 
-def _gauges(text: str, name: str) -> dict[str, float]:
-    out = {}
-    for labels, value in re.findall(rf"^{name}(?:{{([^}}]*)}})? (\S+)$", text, flags=re.M):
-        out[labels or ""] = float(value)
-    return out
+def learned_model(text: str) -> tuple[ServiceModel, float, float]:
+    """The service model a forecaster's /metrics page exports (goodput_replica_*, bound="mean"),
+    and its mix means (prompt, output tokens). The engine's batch limit and step budget are not
+    exported: a run reads them as 64 and unlimited."""
+    samples = promtext.parse(text)
+
+    def mean(name: str) -> float:
+        value = samples.get((name, (("bound", "mean"),)))
+        if value is None:
+            raise SystemExit(f"the forecaster exports no {name}{{bound=\"mean\"}}: its service model had not "
+                             "learned the replica by the end of the run (run longer or at more load)")
+        return value
+
+    per_seq = mean("goodput_replica_decode_step_per_sequence_seconds")
+    model = ServiceModel(prefill_tokens_per_s=mean("goodput_replica_prefill_tokens_per_second"),
+                         decode_base_s=mean("goodput_replica_decode_step_seconds") - per_seq,
+                         decode_per_seq_s=per_seq, kv_capacity_tokens=mean("goodput_replica_kv_capacity_tokens"),
+                         max_batch=64, step_token_budget=1 << 30,
+                         ttft_overhead_s=mean("goodput_replica_ttft_overhead_seconds"), name="learned")
+    kinds = {dict(labels).get("kind"): v for (name, labels), v in samples.items()
+             if name == "goodput_replica_tokens_per_request"}
+    return model, kinds["prompt"], kinds["output"]
 
 
-def _param(text: str, name: str, labels: str = 'bound="mean"') -> float:
+def rate_durations(rates: str, duration: float, min_requests: int) -> list[tuple[float, float]]:
+    """(rate, seconds of arrivals) per rate of --rates: at least `duration`, and long enough for
+    `min_requests` requests at that rate."""
     try:
-        return _gauges(text, name)[labels]
-    except KeyError:
-        raise SystemExit(f"the forecaster exports no {name}{{{labels}}}: its service model had not learned "
-                         "the replica by the end of the run (run longer or at more load)") from None
+        values = [float(r) for r in rates.split(",") if r.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) <= 0:
+        raise ValueError(f"--rates must be comma-separated positive req/s, got {rates!r}")
+    return [(rate, max(duration, min_requests / rate)) for rate in values]
 
 
 def main(argv=None) -> int:
@@ -78,6 +99,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.relearn and not args.repredict:
         p.error("--relearn needs --repredict (the run's measured figures)")
+    try:
+        plan = rate_durations(args.rates, args.duration, args.min_requests)
+    except ValueError as exc:
+        p.error(str(exc))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.repredict:
@@ -108,15 +133,11 @@ def main(argv=None) -> int:
                                    f"http://127.0.0.1:{forecaster}/metrics", timeout=60, name="forecaster"))
         scrapes = Path(args.scrapes) if args.scrapes else out / f"{args.model}_scrapes.jsonl.gz"
         recorder = _Recorder(f"http://127.0.0.1:{sidecar}/metrics", scrapes, period=5.0)
-        rates = [float(r) for r in args.rates.split(",") if r.strip()]
-        if not rates or min(rates) <= 0:
-            p.error(f"--rates must be positive req/s, got {args.rates!r}")
         sweep_points = []
         recorder.start()
         try:
             # One sweep per rate, each long enough for --min-requests (the engine warmed up once).
-            for k, rate in enumerate(rates):
-                duration = max(args.duration, args.min_requests / rate)
+            for k, (rate, duration) in enumerate(plan):
                 sweep_dir = work / f"sweep-{k}"
                 cmd = goodput_command("sweep", "--url", f"http://127.0.0.1:{sidecar}", "--rates", f"{rate:g}",
                                       "--duration", f"{duration:g}", "--input-tokens", str(args.input_tokens),
@@ -134,16 +155,7 @@ def main(argv=None) -> int:
     finally:
         for proc in reversed(procs):
             proc.stop()
-    model = ServiceModel(
-        prefill_tokens_per_s=_param(text, "goodput_replica_prefill_tokens_per_second"),
-        decode_base_s=_param(text, "goodput_replica_decode_step_seconds")
-        - _param(text, "goodput_replica_decode_step_per_sequence_seconds"),
-        decode_per_seq_s=_param(text, "goodput_replica_decode_step_per_sequence_seconds"),
-        kv_capacity_tokens=_param(text, "goodput_replica_kv_capacity_tokens"), max_batch=64,
-        step_token_budget=1 << 30, ttft_overhead_s=_param(text, "goodput_replica_ttft_overhead_seconds"),
-        name="learned")
-    mix_means = _gauges(text, "goodput_replica_tokens_per_request")
-    p_mean, o_mean = mix_means['kind="prompt"'], mix_means['kind="output"']
+    model, p_mean, o_mean = learned_model(text)
     points = [{"rate": point["rate"], "attainment": point["attainment"], "requests": point.get("requests"),
                "measured": {"ttft p50": point["ttft"]["p50"], "ttft p99": point["ttft"]["p99"],
                             "tpot p50": point["tpot"]["p50"], "tpot p99": point["tpot"]["p99"]}}
@@ -202,10 +214,13 @@ def relearn(path: Path, saved: ServiceModel) -> tuple[ServiceModel, tuple[float,
     # As a run reads it: the engine's budget and batch limit are not exported.
     model = ServiceModel(**{**model.to_dict(), "max_batch": saved.max_batch, "step_token_budget": saved.step_token_budget,
                             "name": "relearned"})
-    print(f"relearned from {len(pages)} scrapes: prefill {model.prefill_tokens_per_s:.0f} tok/s, "
-          f"step {1000 * model.step_s(1):.1f} ms + {1000 * model.decode_per_seq_s:.2f} ms/seq, "
-          f"TTFT overhead {1000 * model.ttft_overhead_s:.0f} ms")
+    print(f"relearned from {len(pages)} scrapes: {_describe(model)}")
     return model, policy.service.mix_means()
+
+
+def _describe(model: ServiceModel) -> str:
+    return (f"prefill {model.prefill_tokens_per_s:.0f} tok/s, step {1000 * model.step_s(1):.1f} ms + "
+            f"{1000 * model.decode_per_seq_s:.2f} ms/seq, TTFT overhead {1000 * model.ttft_overhead_s:.0f} ms")
 
 
 def _report(args, out: Path, model: ServiceModel, p_mean: float, o_mean: float, points: list, load,
@@ -231,9 +246,7 @@ def _report(args, out: Path, model: ServiceModel, p_mean: float, o_mean: float, 
            "max_error": {k: max(v) if v else None for k, v in errors.items()},
            "load_average": list(load), "repredicted": repredicted}
     (out / f"{args.model}_accuracy.json").write_text(json.dumps(doc, indent=2, default=float) + "\n")
-    lines = [f"learned: prefill {model.prefill_tokens_per_s:.0f} tok/s, step {1000 * model.step_s(1):.1f} ms + "
-             f"{1000 * model.decode_per_seq_s:.2f} ms/seq, TTFT overhead {1000 * model.ttft_overhead_s:.0f} ms; "
-             f"mix {p_mean:.0f}/{o_mean:.0f} tokens",
+    lines = [f"learned: {_describe(model)}; mix {p_mean:.0f}/{o_mean:.0f} tokens",
              "",
              "| rate req/s | requests | attainment | TTFT p50 meas / pred | TTFT p99 meas / pred | "
              "TPOT p50 meas / pred | TPOT p99 meas / pred |", "|---|---|---|---|---|---|---|"]

@@ -362,12 +362,20 @@ def test_prefill_queue_tail_matches_an_exact_mg1_for_constant_and_exponential_pr
         assert predicted == pytest.approx(exact, rel=0.1), (lam, exact, predicted)
 
 
+def _accuracy_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("accuracy", "scripts/service_model_accuracy.py")
+    accuracy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(accuracy)
+    return accuracy
+
+
 def test_the_accuracy_script_relearns_from_recorded_scrapes(tmp_path):
     # scripts/service_model_accuracy.py --relearn replays a run's recorded sidecar pages through
     # the forecaster's own parsing and learner; here pages of a fake sidecar whose requests each
     # take 0.2 s of prefill after 0.05 s queued (100 prompt tokens, 10 out), 2 req/s.
     import gzip
-    import importlib.util
     import json
 
     from prometheus_client import generate_latest
@@ -375,9 +383,7 @@ def test_the_accuracy_script_relearns_from_recorded_scrapes(tmp_path):
     from tests.forecaster.sidecar_metrics import FakeSidecarMetrics
     from tests.support import free_port
 
-    spec = importlib.util.spec_from_file_location("accuracy", "scripts/service_model_accuracy.py")
-    accuracy = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(accuracy)
+    accuracy = _accuracy_script()
     fake = FakeSidecarMetrics(free_port())
     path = tmp_path / "scrapes.jsonl.gz"
     try:
@@ -427,3 +433,43 @@ def test_the_decode_step_from_iterations_nets_out_the_prompts_prefilled_in_that_
         assert m.step_s(8) == pytest.approx(0.14, rel=0.02)
     else:   # what the learner reads where an engine does not count its prefilled tokens
         assert abs(m.step_s(8) / 0.14 - 1) > 0.05
+
+
+def test_the_accuracy_script_reads_the_model_the_forecaster_exports():
+    # A live run reads the learned model from the forecaster's /metrics: the page here is the
+    # forecaster's own exporter (forecaster/server.py) on a learner's parameters.
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from forecaster.server import _service_families
+
+    learned = ServiceModel(prefill_tokens_per_s=380.0, decode_base_s=0.12, decode_per_seq_s=0.008,
+                           kv_capacity_tokens=50_000.0, max_batch=256, step_token_budget=512, ttft_overhead_s=0.02)
+    learner = OnlineServiceModel(prior=learned)
+    params = learner.params()
+    decision = SimpleNamespace(cold_start_s=180.0, capacity_source="service-model", service=params)
+
+    class Page:
+        def collect(self):
+            yield from _service_families(decision)
+
+    registry = CollectorRegistry()
+    registry.register(Page())
+    accuracy = _accuracy_script()
+    model, p_mean, o_mean = accuracy.learned_model(generate_latest(registry).decode())
+    m = params.model
+    assert model.step_s(1) == pytest.approx(m.step_s(1)) and model.step_s(9) == pytest.approx(m.step_s(9))
+    assert model.prefill_tokens_per_s == pytest.approx(m.prefill_tokens_per_s)
+    assert model.ttft_overhead_s == pytest.approx(m.ttft_overhead_s)
+    assert (p_mean, o_mean) == (pytest.approx(params.prompt_mean), pytest.approx(params.output_mean))
+    with pytest.raises(SystemExit, match="had not learned"):
+        accuracy.learned_model(generate_latest(CollectorRegistry()).decode())
+
+
+def test_the_accuracy_script_runs_each_rate_long_enough_for_its_requests():
+    accuracy = _accuracy_script()
+    assert accuracy.rate_durations("0.2,1, 4", 60.0, 100) == [(0.2, 500.0), (1.0, 100.0), (4.0, 60.0)]
+    for bad in ("", "0,1", "-1", "a"):
+        with pytest.raises(ValueError, match="positive req/s"):
+            accuracy.rate_durations(bad, 60.0, 100)
