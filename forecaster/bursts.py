@@ -32,11 +32,13 @@ def burst_floor(y: np.ndarray, mu: float, step_s: float, cold_start_s: float, wi
     means = np.convolve(recent, np.ones(w) / w, mode="valid")
     high = request_quantile(means, ratio)
     median = float(np.median(means))
-    # Poisson variation around the level is not a burst: the service model's queue already
-    # prices it. A burst stands out by more than the objective ratio's quantile of that noise.
+    # Poisson variation around the level is not a burst: the service model already prices it. A
+    # burst stands out beyond the objective ratio's quantile of the Poisson count a window holds at
+    # the level (exact: at a few requests a window its normal approximation reads noise as bursts),
+    # the level being at most the median count + ln 2 (a Poisson mean's bound from its median).
     window_s = w * step_s
-    noise = NormalDist().inv_cdf(ratio) * math.sqrt(max(median, 0.0) * window_s) / window_s
-    above = means > max((median + high) / 2.0, median + noise)
+    noise_top = poisson_quantile(ratio, max(median, 0.0) * window_s + math.log(2.0)) / window_s
+    above = means > max((median + high) / 2.0, noise_top)
     if not above.any():
         return 0
     edges = np.flatnonzero(np.diff(np.concatenate([[0], above.astype(np.int8), [0]])))
@@ -45,6 +47,21 @@ def burst_floor(y: np.ndarray, mu: float, step_s: float, cold_start_s: float, wi
     if len(runs) < 2 or int(runs.max()) + w - 1 > cold_steps:
         return 0
     return shortfall_replicas(means, mu, 1.0 - ratio)
+
+
+def poisson_quantile(q: float, mean: float) -> float:
+    """The smallest count k with P(N <= k) >= q for N ~ Poisson(mean) (normal beyond 500)."""
+    if mean <= 0:
+        return 0.0
+    if mean > 500:
+        return mean + NormalDist().inv_cdf(q) * math.sqrt(mean)
+    k, pmf = 0, math.exp(-mean)
+    cdf = pmf
+    while cdf < q and k < 10_000:
+        k += 1
+        pmf *= mean / k
+        cdf += pmf
+    return float(k)
 
 
 def shortfall_replicas(rates: np.ndarray, mu: float, budget: float) -> int:

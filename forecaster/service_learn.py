@@ -8,7 +8,11 @@ Every forecast step turns the fleet's counters and gauges into per-replica obser
   per iteration of this very step (it moves as soon as the batch does; TPOT waits for requests to end;
   net of the prompt tokens the engines counted as prefilled in the step, vLLM's prompt_tokens_total),
   fitted as y = a + c·x by weighted least squares with exponential forgetting (recent steps count
-  more; a weak prior keeps the slope sane while the batch has not moved);
+  more; a weak prior keeps the slope sane while the batch has not moved); and the step of one
+  sequence decoding alone, which can lie well off that line (a CPU runs a one-row product as a
+  matrix-vector kernel): from TPOT at low load, where a share p₀ = e^(−B) of the decoding is alone,
+  by inverting the model's mean step, step(1 + B) + p₀·(single − step(1)), on the mean TPOT net
+  of prompt work (steps with p₀ >= 0.2 only, weighted by p₀²; the weighted median of the recent);
 - prefill: per step, the seconds a prompt token occupies the model's M/G/1 prompt queue that make
   its mean W + S match the mean TTFT at the observed arrival rate (or, where the engine splits
   them, its queue + prefill time: vLLM's `request_queue_time_seconds` and
@@ -87,6 +91,7 @@ class FittedParams:
     output_mean: float
     num_steps: int
     ttft_overhead_s: tuple[float, float] = (0.0, 0.0)
+    decode_single_s: tuple[float, float] = (math.nan, math.nan)   # one sequence alone
 
 
 class OnlineServiceModel:
@@ -113,6 +118,9 @@ class OnlineServiceModel:
         # the estimate is the weighted median of the recent ones, not their mean.
         self._pf: deque = deque(maxlen=max_points)
         self._pf_prior: tuple[float, float] | None = None   # (log k, weight)
+        # One sequence decoding alone: estimates (log seconds, weight, step), as for k.
+        self._single: deque = deque(maxlen=max_points)
+        self._single_prior: tuple[float, float] | None = None
         self._overhead = [0.0, 0.0, 0.0]
         self._kv = [0.0, 0.0, 0.0]
         self._mix = [0.0, 0.0, 0.0]  # sum w (requests), prompt tokens, output tokens
@@ -127,6 +135,8 @@ class OnlineServiceModel:
         self._decode.set_prior((1.0, 4.0), m.decode_base_s, m.decode_per_seq_s, w)
         self._decode_tpot.set_prior((1.0, 4.0), m.decode_base_s, m.decode_per_seq_s, w)
         self._pf_prior = (math.log(1.0 / m.prefill_tokens_per_s + m.step_s(1.0) / m.step_token_budget), w)
+        if m.decode_single_s is not None:
+            self._single_prior = (math.log(m.decode_single_s), w)
         if math.isfinite(m.kv_capacity_tokens) and m.kv_capacity_tokens < 1e15:
             self._add_log(self._kv, m.kv_capacity_tokens, w)
         if m.ttft_overhead_s > 0:
@@ -188,11 +198,15 @@ class OnlineServiceModel:
         # as a slower step).
         iterations = bool(o.engine_steps and o.generated_tokens and o.engine_steps > 0 and o.replicas == 1
                           and min(o.running_start, o.running) >= 2 * r)
-        if not iterations and o.tpot_count and o.tpot_sum is not None and o.tpot_count > 0:
+        tpot_net = None
+        if o.tpot_count and o.tpot_sum is not None and o.tpot_count > 0:
             tpot = o.tpot_sum / o.tpot_count
             y = tpot - self._interference(lam_r, tpot)
             if y > 0 and math.isfinite(y):
-                self._add_decode(max(batch, 1.0), y, float(o.tpot_count), self._decode_tpot)
+                tpot_net = y
+                if not iterations:
+                    # A decoding request steps beside the batch's others: 1 + B on average.
+                    self._add_decode(1.0 + batch, y, float(o.tpot_count), self._decode_tpot)
         # The engines' own counters say the step time at the batch this very step ran: iterations
         # and generated tokens give the mean batch per iteration (B̄ = tokens / iterations) and,
         # while the batch never empties, the mean iteration time (replica-seconds / iterations,
@@ -208,7 +222,9 @@ class OnlineServiceModel:
             if math.isfinite(y) and y > 0 and mean_batch >= 1.0:
                 self._add_decode(mean_batch, y, max(1.0, float(o.tpot_count or o.ended)))
         a, c = self._decode_coeffs()
-        step = a + c * max(batch, 1.0) if a is not None else 0.0
+        if tpot_net is not None:
+            self._add_single(tpot_net, batch, float(o.tpot_count))
+        step = self._mean_step(batch) if a is not None else 0.0
         # Prefill: the seconds a prompt token occupies the prefill queue (its compute plus its
         # share of its chunks' steps). Where the engines time their requests' phases (vLLM's
         # request_queue_time / request_prefill_time, normalised by the sidecar), from the prefill
@@ -247,6 +263,37 @@ class OnlineServiceModel:
         if math.isfinite(o.kv_usage) and o.kv_usage >= 0.05 and batch > 0:
             self._add_log(self._kv, batch * (p_mean + o_mean / 2.0) / o.kv_usage, 1.0)
         self.num_steps += 1
+
+    def _add_single(self, tpot_net: float, batch: float, w: float) -> None:
+        """A step's mean TPOT net of prompt work, kept to estimate the step of a sequence decoding
+        alone (_single_step) where a large enough share of the decoding was alone (p0 >= 0.2)."""
+        p_alone = math.exp(-max(0.0, batch))
+        if p_alone >= 0.2:
+            self._single.append((tpot_net, batch, w * p_alone * p_alone, self.num_steps))
+
+    def _mean_step(self, batch: float) -> float:
+        """The mean decode step at a time-average batch, as service_model.predict counts it."""
+        a, c = self._decode_coeffs()
+        single = self._single_step()[0]
+        line_one = a + c
+        return a + c * (1.0 + batch) + math.exp(-max(0.0, batch)) * ((single or line_one) - line_one)
+
+    def _single_step(self) -> tuple[float | None, float]:
+        """(seconds, sd of log) of one sequence decoding alone; None until estimated. Each kept
+        step inverts the model's mean step at its batch against the current line: single =
+        step(1) + (TPOT − step(1 + B)) / p0, kept between a tenth of the line at one sequence
+        and the line at two (the step grows with the batch); the weighted median of those."""
+        a, c = self._decode_coeffs()
+        pts = []
+        if a is not None and self._single:
+            arr = np.array(self._single)
+            y, b = arr[:, 0], arr[:, 1]
+            est = a + c + (y - (a + c * (1.0 + b))) / np.exp(-b)
+            est = np.clip(est, 0.1 * (a + c), a + 2.0 * c)
+            pts = [(math.log(e), w, st) for e, w, st in zip(est, arr[:, 2], arr[:, 3])]
+        if self._single_prior is not None:
+            pts.append((self._single_prior[0], self._single_prior[1], self.num_steps))
+        return _weighted_median(pts, self.forget, self.num_steps) if pts else (None, 0.0)
 
     # -- estimates ------------------------------------------------------------------------
     def _interference(self, lam: float, tpot: float) -> float:
@@ -320,16 +367,7 @@ class OnlineServiceModel:
         pts = list(self._pf)
         if self._pf_prior is not None:
             pts.append((self._pf_prior[0], self._pf_prior[1], self.num_steps))
-        if not pts:
-            return None, 0.0
-        arr = np.array(pts)
-        w = arr[:, 1] * self.forget ** (self.num_steps - arr[:, 2])
-        order = np.argsort(arr[:, 0])
-        cum = np.cumsum(w[order]) / w.sum()
-        def q(p):
-            return float(arr[order, 0][min(len(cum) - 1, int(np.searchsorted(cum, p)))])
-        median = q(0.5)
-        return math.exp(median), max(0.0, q(0.84) - median)
+        return _weighted_median(pts, self.forget, self.num_steps) if pts else (None, 0.0)
 
     def _per_chunk_s(self) -> float:
         a, c = self._decode_coeffs()
@@ -365,7 +403,7 @@ class OnlineServiceModel:
         kv = math.exp(kv_m) if kv_m is not None else (self.prior.kv_capacity_tokens if self.prior else 1e12)
         return ServiceModel(prefill_tokens_per_s=pf, decode_base_s=a, decode_per_seq_s=c, kv_capacity_tokens=kv,
                             max_batch=self.max_batch, step_token_budget=self.step_token_budget or _DEFAULT_BUDGET,
-                            ttft_overhead_s=self.ttft_overhead_s(),
+                            ttft_overhead_s=self.ttft_overhead_s(), decode_single_s=self._single_step()[0],
                             name="learned", source=f"learned online over {self.num_steps} steps")
 
     def mix(self) -> TokenMix | None:
@@ -393,8 +431,26 @@ class OnlineServiceModel:
         kv_m, kv_sd = self._log_mean(self._kv)
         kv_band = (math.exp(kv_m - _Z90 * kv_sd), math.exp(kv_m + _Z90 * kv_sd)) if kv_m is not None else (math.nan, math.nan)
         p, o = self.mix_means()
+        single, single_sd = self._single_step()
+        single_band = ((single * math.exp(-_Z90 * single_sd), single * math.exp(_Z90 * single_sd)) if single
+                       else (a_lo + c_lo, a_hi + c_hi))
         return FittedParams(m, (a_lo, a_hi), (c_lo, c_hi),
-                            pf_band, kv_band, p, o, self.num_steps, (max(0.0, o_mean - _Z90 * o_sd), o_mean + _Z90 * o_sd))
+                            pf_band, kv_band, p, o, self.num_steps, (max(0.0, o_mean - _Z90 * o_sd), o_mean + _Z90 * o_sd),
+                            single_band)
+
+
+def _weighted_median(pts: list, forget: float, now: int) -> tuple[float, float]:
+    """(exp of the weighted median, its upper one-sigma spread) of (log value, weight, step) points
+    whose weights decay by age."""
+    arr = np.array(pts)
+    w = arr[:, 1] * forget ** (now - arr[:, 2])
+    order = np.argsort(arr[:, 0])
+    cum = np.cumsum(w[order]) / w.sum()
+
+    def q(p):
+        return float(arr[order, 0][min(len(cum) - 1, int(np.searchsorted(cum, p)))])
+    median = q(0.5)
+    return math.exp(median), max(0.0, q(0.84) - median)
 
 
 def _service_per_token(ttft_mean: float, lam: float, m1: float, m2: float) -> float | None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import os
 import subprocess
 import sys
@@ -56,9 +57,12 @@ def learned_model(text: str) -> tuple[ServiceModel, float, float]:
         return value
 
     per_seq = mean("goodput_replica_decode_step_per_sequence_seconds")
+    base = mean("goodput_replica_decode_step_base_seconds")
+    single = mean("goodput_replica_decode_step_seconds")
     model = ServiceModel(prefill_tokens_per_s=mean("goodput_replica_prefill_tokens_per_second"),
-                         decode_base_s=mean("goodput_replica_decode_step_seconds") - per_seq,
-                         decode_per_seq_s=per_seq, kv_capacity_tokens=mean("goodput_replica_kv_capacity_tokens"),
+                         decode_base_s=base, decode_per_seq_s=per_seq,
+                         decode_single_s=None if math.isclose(single, base + per_seq, rel_tol=1e-9) else single,
+                         kv_capacity_tokens=mean("goodput_replica_kv_capacity_tokens"),
                          max_batch=64, step_token_budget=1 << 30,
                          ttft_overhead_s=mean("goodput_replica_ttft_overhead_seconds"), name="learned")
     kinds = {dict(labels).get("kind"): v for (name, labels), v in samples.items()
@@ -219,8 +223,9 @@ def relearn(path: Path, saved: ServiceModel) -> tuple[ServiceModel, tuple[float,
 
 
 def _describe(model: ServiceModel) -> str:
-    return (f"prefill {model.prefill_tokens_per_s:.0f} tok/s, step {1000 * model.step_s(1):.1f} ms + "
-            f"{1000 * model.decode_per_seq_s:.2f} ms/seq, TTFT overhead {1000 * model.ttft_overhead_s:.0f} ms")
+    alone = "" if model.decode_single_s is None else f", {1000 * model.decode_single_s:.1f} ms alone"
+    return (f"prefill {model.prefill_tokens_per_s:.0f} tok/s, step {1000 * (model.decode_base_s + model.decode_per_seq_s):.1f} ms + "
+            f"{1000 * model.decode_per_seq_s:.2f} ms/seq{alone}, TTFT overhead {1000 * model.ttft_overhead_s:.0f} ms")
 
 
 def _report(args, out: Path, model: ServiceModel, p_mean: float, o_mean: float, points: list, load,

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from forecaster.bursts import shortfall_replicas
+from forecaster.bursts import burst_floor, poisson_quantile, shortfall_replicas
 from forecaster.capacity import OnlineCapacity, load_sweep_capacity
 from forecaster.policy import Decision, FleetSample, ForecastPolicy, PolicyConfig, cumulative_upper
 
@@ -220,6 +220,24 @@ def test_a_backlog_drains_at_throughput_not_at_the_slo_rate():
     d = policy.decide(39 * 15.0)
     assert 9 <= d.desired_replicas <= 11, d
     policy.close()
+
+
+def test_poisson_noise_at_a_few_requests_a_step_is_no_burst():
+    # 0.29 req/s in 5-s steps: 1.45 requests a step, four or more in one step about 6 % of the
+    # time. The normal approximation of that noise put the 99 % quantile at 3.4 requests, so two
+    # such steps in five cold starts read as recurring bursts and asked for a second replica at
+    # half the load one serves. The Poisson quantile (6) does not.
+    rng = np.random.default_rng(4)
+    for seed in range(20):
+        y = np.random.default_rng(seed).poisson(1.45, 60) / 5.0
+        assert burst_floor(y, 0.6, 5.0, 30.0, 1, 0.99) == 0, y
+    assert poisson_quantile(0.99, 1.45) == 5.0
+    assert poisson_quantile(0.5, 0.0) == 0.0
+    assert poisson_quantile(0.99, 2000.0) == pytest.approx(2000 + 2.326 * 2000 ** 0.5, rel=1e-3)
+    # Real bursts still show: 50 requests a step twice within the last five cold starts.
+    y = rng.poisson(1.45, 60) / 5.0
+    y[[40, 52]] = 10.0
+    assert burst_floor(y, 0.6, 5.0, 30.0, 1, 0.99) > 1
 
 
 def test_the_burst_floor_spends_the_error_budget_on_the_excess():
