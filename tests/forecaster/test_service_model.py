@@ -102,6 +102,20 @@ def test_past_saturation_the_prediction_is_unstable_and_capacity_falls_with_long
     assert 0.0 < longer < 0.25 * base
 
 
+def _learn_over_phases(profile, rates, seconds, prompts, outputs) -> ForecastPolicy:
+    """A forecaster policy (5-s steps) that watched one replica serve Poisson phases at `rates`."""
+    t0, chunks = 0.0, []
+    for i, rate in enumerate(rates):
+        a, p, o = _poisson_trace(rate, seconds, prompts, outputs, seed=i, start=t0)
+        chunks.append((a, p, o))
+        t0 = a[-1]
+    arrivals, p, o = (np.concatenate(x) for x in zip(*chunks))
+    policy = ForecastPolicy(PolicyConfig(step_seconds=5.0, horizon_seconds=30.0, cold_start_seconds=30.0,
+                                         models=("level",)))
+    _serve(profile, arrivals, p, o, policy=policy)
+    return policy
+
+
 def test_online_fit_recovers_a_known_replica():
     truth = ServiceModel(prefill_tokens_per_s=5000.0, decode_base_s=0.03, decode_per_seq_s=0.004,
                          kv_capacity_tokens=200_000, max_batch=256, step_token_budget=512)
@@ -111,15 +125,8 @@ def test_online_fit_recovers_a_known_replica():
     prompts, outputs = mix.prompt_tokens, mix.output_tokens
     # Load moving between 20 % and 90 % of what the replica sustains, as traffic does over a day.
     cap = truth.slo_capacity_rps(mix, [Slo(ttft_s=5.0, tpot_s=0.5)])
-    t0, chunks = 0.0, []
-    for i, share in enumerate((0.2, 0.5, 0.9, 0.35, 0.7)):
-        a, p, o = _poisson_trace(share * cap, 240, prompts, outputs, seed=i, start=t0)
-        chunks.append((a, p, o))
-        t0 = a[-1]
-    arrivals, p, o = (np.concatenate(x) for x in zip(*chunks))
-    policy = ForecastPolicy(PolicyConfig(step_seconds=5.0, horizon_seconds=30.0, cold_start_seconds=30.0,
-                                         models=("level",)))
-    _serve(profile, arrivals, p, o, policy=policy)
+    policy = _learn_over_phases(profile, [share * cap for share in (0.2, 0.5, 0.9, 0.35, 0.7)], 240,
+                                prompts, outputs)
     learner = policy.service
     m = learner.model()
     assert m is not None
@@ -539,15 +546,7 @@ def test_the_step_of_one_sequence_alone_is_learned_apart_from_the_line(single):
     # the estimate stays on it.
     profile = _small_profile(single)
     mix = TokenMix.from_means(128.0, 32.0)
-    chunks, t0 = [], 0.0
-    for i, rate in enumerate((0.2, 1.0, 0.3, 2.0, 0.2)):
-        a, p, o = _poisson_trace(rate, 300, mix.prompt_tokens, mix.output_tokens, seed=i, start=t0)
-        chunks.append((a, p, o))
-        t0 = a[-1]
-    arrivals, p, o = (np.concatenate(x) for x in zip(*chunks))
-    policy = ForecastPolicy(PolicyConfig(step_seconds=5.0, horizon_seconds=30.0, cold_start_seconds=30.0,
-                                         models=("level",)))
-    _serve(profile, arrivals, p, o, policy=policy)
+    policy = _learn_over_phases(profile, (0.2, 1.0, 0.3, 2.0, 0.2), 300, mix.prompt_tokens, mix.output_tokens)
     m = policy.service.model()
     assert m.single_step_s == pytest.approx(profile.single_step_s, rel=0.15)
     assert m.step_s(8) == pytest.approx(profile.step_s(8), rel=0.15)
