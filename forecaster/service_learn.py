@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from forecaster.robust_line import RobustLine
-from forecaster.service_model import ServiceModel, TokenMix
+from forecaster.service_model import ServiceModel, TokenMix, seen_step_s
 
 _Z90 = 1.645
 # The token budget a step assumed in predictions when the engine's is not known: vLLM's
@@ -118,9 +118,10 @@ class OnlineServiceModel:
         # the estimate is the weighted median of the recent ones, not their mean.
         self._pf: deque = deque(maxlen=max_points)
         self._pf_prior: tuple[float, float] | None = None   # (log k, weight)
-        # One sequence decoding alone: estimates (log seconds, weight, step), as for k.
+        # One sequence decoding alone: per step (mean TPOT net of prompt work, batch, weight, step).
         self._single: deque = deque(maxlen=max_points)
         self._single_prior: tuple[float, float] | None = None
+        self._single_cache = None
         self._overhead = [0.0, 0.0, 0.0]
         self._kv = [0.0, 0.0, 0.0]
         self._mix = [0.0, 0.0, 0.0]  # sum w (requests), prompt tokens, output tokens
@@ -221,10 +222,9 @@ class OnlineServiceModel:
             y = (o.dt * r - prompt_s) / o.engine_steps
             if math.isfinite(y) and y > 0 and mean_batch >= 1.0:
                 self._add_decode(mean_batch, y, max(1.0, float(o.tpot_count or o.ended)))
-        a, c = self._decode_coeffs()
         if tpot_net is not None:
             self._add_single(tpot_net, batch, float(o.tpot_count))
-        step = self._mean_step(batch) if a is not None else 0.0
+        step = self._mean_step(batch) if self._decode_coeffs()[0] is not None else 0.0
         # Prefill: the seconds a prompt token occupies the prefill queue (its compute plus its
         # share of its chunks' steps). Where the engines time their requests' phases (vLLM's
         # request_queue_time / request_prefill_time, normalised by the sidecar), from the prefill
@@ -275,8 +275,7 @@ class OnlineServiceModel:
         """The mean decode step at a time-average batch, as service_model.predict counts it."""
         a, c = self._decode_coeffs()
         single = self._single_step()[0]
-        line_one = a + c
-        return a + c * (1.0 + batch) + math.exp(-max(0.0, batch)) * ((single or line_one) - line_one)
+        return float(seen_step_s(a + c, c, a + c if single is None else single, max(0.0, batch)))
 
     def _single_step(self) -> tuple[float | None, float]:
         """(seconds, sd of log) of one sequence decoding alone; None until estimated. Each kept
@@ -284,16 +283,20 @@ class OnlineServiceModel:
         step(1) + (TPOT − step(1 + B)) / p0, kept between a tenth of the line at one sequence
         and the line at two (the step grows with the batch); the weighted median of those."""
         a, c = self._decode_coeffs()
-        pts = []
+        key = (self.num_steps, len(self._single), a, c)
+        if self._single_cache is not None and self._single_cache[0] == key:
+            return self._single_cache[1]
+        pts = np.zeros((0, 3))
         if a is not None and self._single:
             arr = np.array(self._single)
             y, b = arr[:, 0], arr[:, 1]
-            est = a + c + (y - (a + c * (1.0 + b))) / np.exp(-b)
-            est = np.clip(est, 0.1 * (a + c), a + 2.0 * c)
-            pts = [(math.log(e), w, st) for e, w, st in zip(est, arr[:, 2], arr[:, 3])]
+            est = a + c + (y - seen_step_s(a + c, c, a + c, b)) / np.exp(-b)   # seen_step_s inverted
+            pts = np.column_stack([np.log(np.clip(est, 0.1 * (a + c), a + 2.0 * c)), arr[:, 2], arr[:, 3]])
         if self._single_prior is not None:
-            pts.append((self._single_prior[0], self._single_prior[1], self.num_steps))
-        return _weighted_median(pts, self.forget, self.num_steps) if pts else (None, 0.0)
+            pts = np.vstack([pts, [self._single_prior[0], self._single_prior[1], self.num_steps]])
+        result = _weighted_median(pts, self.forget, self.num_steps) if len(pts) else (None, 0.0)
+        self._single_cache = (key, result)
+        return result
 
     # -- estimates ------------------------------------------------------------------------
     def _interference(self, lam: float, tpot: float) -> float:
@@ -439,10 +442,10 @@ class OnlineServiceModel:
                             single_band)
 
 
-def _weighted_median(pts: list, forget: float, now: int) -> tuple[float, float]:
+def _weighted_median(pts, forget: float, now: int) -> tuple[float, float]:
     """(exp of the weighted median, its upper one-sigma spread) of (log value, weight, step) points
-    whose weights decay by age."""
-    arr = np.array(pts)
+    (rows) whose weights decay by age."""
+    arr = np.asarray(pts, dtype=float)
     w = arr[:, 1] * forget ** (now - arr[:, 2])
     order = np.argsort(arr[:, 0])
     cum = np.cumsum(w[order]) / w.sum()

@@ -223,10 +223,11 @@ def test_a_backlog_drains_at_throughput_not_at_the_slo_rate():
 
 
 def test_poisson_noise_at_a_few_requests_a_step_is_no_burst():
-    # 0.29 req/s in 5-s steps: 1.45 requests a step, four or more in one step about 6 % of the
-    # time. The normal approximation of that noise put the 99 % quantile at 3.4 requests, so two
-    # such steps in five cold starts read as recurring bursts and asked for a second replica at
-    # half the load one serves. The Poisson quantile (6) does not.
+    # 0.29 req/s in 5-s steps: 1.45 requests a step (median 1), four or more in one step about 6 %
+    # of the time. The normal approximation of that noise at the median put its 99 % quantile at
+    # 3.3 requests, so two such steps in five cold starts read as recurring bursts and asked for a
+    # second replica at half the load one serves. The Poisson 99 % quantile at the level's bound
+    # (median + ln 2 = 1.69 requests) is 5: only six or more in a step stand out.
     rng = np.random.default_rng(4)
     for seed in range(20):
         y = np.random.default_rng(seed).poisson(1.45, 60) / 5.0

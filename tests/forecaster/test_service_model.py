@@ -491,10 +491,6 @@ def _small_profile(single=None):
                           slo=Slo(ttft_s=3.0, tpot_s=0.5))
 
 
-def _model_of(profile) -> ServiceModel:
-    return ServiceModel(**{f: getattr(profile, f) for f in ServiceModel.__dataclass_fields__})
-
-
 def _simulated_tpot(profile, rate, prompts, outputs, seconds=1500.0, seed=1):
     arrivals, p, o = _poisson_trace(rate, seconds, prompts, outputs, seed=seed)
     fleet, _ = _serve(profile, arrivals, p, o)
@@ -514,11 +510,11 @@ def test_tpot_quantiles_follow_the_load_over_each_request_life(lengths):
     else:
         mix = TokenMix.from_means(128.0, 32.0)
         prompts, outputs = mix.prompt_tokens, mix.output_tokens
-    model, mix = _model_of(profile), TokenMix.from_samples(prompts, outputs)
+    mix = TokenMix.from_samples(prompts, outputs)
     errors = []
     for rate in (0.5, 1.0, 1.5, 2.0):
         tpot = _simulated_tpot(profile, rate, prompts, outputs)
-        pred = model.predict(rate, mix)
+        pred = profile.predict(rate, mix)   # a simulated replica is a ServiceModel
         for q in (0.5, 0.9, 0.99):
             errors.append(abs(pred.tpot_quantile(q) - np.quantile(tpot, q)) / np.quantile(tpot, q))
     assert max(errors) < 0.3, errors
