@@ -87,9 +87,11 @@ def build():
             Query(f"max by (bound) ({m('goodput_replica_decode_step_seconds')})", "one sequence alone {{bound}}"),
             Query(f"max by (bound) ({m('goodput_replica_decode_step_base_seconds')})", "batched: fixed part {{bound}}"),
             Query(f"max by (bound) ({m('goodput_replica_decode_step_per_sequence_seconds')})", "batched: per sequence {{bound}}"),
+            Query(f"max by (bound) ({m('goodput_replica_decode_step_log_seconds')})", "batched: x ln(batch) {{bound}}"),
         ], "s", min=0, description="The service model's decode step, learned online from engine iterations or TPOT, with "
-                                   "its 90 % band: fixed part + per sequence x batch from two sequences on, and one "
-                                   "sequence decoding alone (from TPOT at low load; on the line until low load shows it)."),
+                                   "its 90 % band: fixed part + per sequence x batch + the concave part x ln(batch) "
+                                   "from two sequences on, and one sequence decoding alone (from TPOT at low load; on "
+                                   "the curve until low load shows it)."),
         series("Prefill rate (learned)", [
             Query(f"max by (bound) ({m('goodput_replica_prefill_tokens_per_second')})", "{{bound}}"),
         ], "short", min=0, description="Prompt tokens per second one replica prefills (chunk overhead included), 90 % band."),

@@ -91,6 +91,7 @@ _FORECASTER = [
     Metric("goodput_replica_cold_start_seconds", "gauge", (), "forecaster"),
     Metric("goodput_replica_decode_step_seconds", "gauge", ("bound",), "forecaster"),
     Metric("goodput_replica_decode_step_base_seconds", "gauge", ("bound",), "forecaster"),
+    Metric("goodput_replica_decode_step_log_seconds", "gauge", ("bound",), "forecaster"),
     Metric("goodput_replica_decode_step_per_sequence_seconds", "gauge", ("bound",), "forecaster"),
     Metric("goodput_replica_prefill_tokens_per_second", "gauge", ("bound",), "forecaster"),
     Metric("goodput_replica_kv_capacity_tokens", "gauge", ("bound",), "forecaster"),

@@ -147,8 +147,10 @@ def _service_families(d: Decision):
     for name, doc, mean, band in (
             ("goodput_replica_decode_step_seconds", "Decode step time of one sequence alone (learned apart from "
              "the batched line a + c·b where low load shows it; a + c until then)", m.step_s(1.0), p.decode_single_s),
-            ("goodput_replica_decode_step_base_seconds", "Decode step time's fixed part a of the batched line "
-             "a + c·b (two sequences and more)", m.decode_base_s, p.decode_base_s),
+            ("goodput_replica_decode_step_base_seconds", "Decode step time's fixed part a of the batched curve "
+             "a + c·b + d·ln(b) (two sequences and more)", m.decode_base_s, p.decode_base_s),
+            ("goodput_replica_decode_step_log_seconds", "Decode step time's concave part d of the batched curve "
+             "a + c·b + d·ln(b) (0 where the step is a line)", m.decode_log_s, p.decode_log_s),
             ("goodput_replica_decode_step_per_sequence_seconds", "Decode step time added by each sequence in the batch",
              m.decode_per_seq_s, p.decode_per_seq_s),
             ("goodput_replica_prefill_tokens_per_second", "Prefill throughput of one replica",

@@ -7,12 +7,15 @@ Every forecast step turns the fleet's counters and gauges into per-replica obser
   iteration_tokens_total, generation_tokens_total), the mean iteration time against the mean batch
   per iteration of this very step (it moves as soon as the batch does; TPOT waits for requests to end;
   net of the prompt tokens the engines counted as prefilled in the step, vLLM's prompt_tokens_total),
-  fitted as y = a + c·x by weighted least squares with exponential forgetting (recent steps count
-  more; a weak prior keeps the slope sane while the batch has not moved); and the step of one
+  fitted as y = a + c·x + d·z (z = ln x for iterations, E[ln(1 + K)] for TPOT's Poisson count of
+  others; c, d >= 0) by weighted least squares with exponential forgetting (recent steps count
+  more; a weak prior keeps the slope sane while the batch has not moved, a ridge holds d at 0
+  until the points bend); and the step of one
   sequence decoding alone, which can lie well off that line (a CPU runs a one-row product as a
   matrix-vector kernel): from TPOT at low load, where a share p₀ = e^(−B) of the decoding is alone,
-  by inverting the model's mean step, step(1 + B) + p₀·(single − step(1)), on the mean TPOT net
-  of prompt work (steps with p₀ >= 0.2 only, weighted by p₀²; the weighted median of the recent);
+  by inverting the model's mean step, seen(B) + p₀·(single − step(1)), on the mean TPOT net of
+  prompt work, B the others beside the requests that ended (the running gauge less those requests
+  themselves; steps with p₀ >= 0.2 only, weighted by p₀²; the weighted median of the recent);
 - prefill: per step, the seconds a prompt token occupies the model's M/G/1 prompt queue that make
   its mean W + S match the mean TTFT at the observed arrival rate (or, where the engine splits
   them, its queue + prefill time: vLLM's `request_queue_time_seconds` and
@@ -37,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from forecaster.robust_line import RobustLine
-from forecaster.service_model import ServiceModel, TokenMix, seen_step_s
+from forecaster.service_model import ServiceModel, TokenMix, log_one_plus_poisson, seen_step_s
 
 _Z90 = 1.645
 # The token budget a step assumed in predictions when the engine's is not known: vLLM's
@@ -92,6 +95,7 @@ class FittedParams:
     num_steps: int
     ttft_overhead_s: tuple[float, float] = (0.0, 0.0)
     decode_single_s: tuple[float, float] = (math.nan, math.nan)   # one sequence alone
+    decode_log_s: tuple[float, float] = (0.0, 0.0)                 # the step's concave part
 
 
 class OnlineServiceModel:
@@ -133,8 +137,8 @@ class OnlineServiceModel:
     # -- inputs ---------------------------------------------------------------------------
     def _seed(self, m: ServiceModel) -> None:
         w = self.prior_weight
-        self._decode.set_prior((1.0, 4.0), m.decode_base_s, m.decode_per_seq_s, w)
-        self._decode_tpot.set_prior((1.0, 4.0), m.decode_base_s, m.decode_per_seq_s, w)
+        self._decode.set_prior((1.0, 4.0), m.decode_base_s, m.decode_per_seq_s, w, m.decode_log_s)
+        self._decode_tpot.set_prior((1.0, 4.0), m.decode_base_s, m.decode_per_seq_s, w, m.decode_log_s)
         self._pf_prior = (math.log(1.0 / m.prefill_tokens_per_s + m.step_s(1.0) / m.step_token_budget), w)
         if m.decode_single_s is not None:
             self._single_prior = (math.log(m.decode_single_s), w)
@@ -144,7 +148,7 @@ class OnlineServiceModel:
             self._add_lin(self._overhead, m.ttft_overhead_s, w)
         self._seeded = True
 
-    def _add_decode(self, x: float, y: float, w: float, line: RobustLine | None = None) -> None:
+    def _add_decode(self, x: float, y: float, w: float, line: RobustLine | None = None, z: float = 0.0) -> None:
         line = self._decode if line is None else line
         if not line.has_prior:
             # No prior given: a weak one from the first step seen, with the conservative end of
@@ -154,7 +158,7 @@ class OnlineServiceModel:
             # close together, so little leverage on the slope once batches vary.
             base = y / (1.0 + x / 8.0)
             line.set_prior((1.0, 4.0), base, base / 8.0, self.prior_weight)
-        line.add(x, y, w, self.num_steps)
+        line.add(x, y, w, self.num_steps, z)
 
     @staticmethod
     def _add_log(acc: list, value: float, w: float) -> None:
@@ -206,8 +210,10 @@ class OnlineServiceModel:
             if y > 0 and math.isfinite(y):
                 tpot_net = y
                 if not iterations:
-                    # A decoding request steps beside the batch's others: 1 + B on average.
-                    self._add_decode(1.0 + batch, y, float(o.tpot_count), self._decode_tpot)
+                    # A decoding request steps beside the batch's others, a Poisson count of mean
+                    # B: at 1 + B on average, and its step's concave part is E[ln(1 + K)].
+                    self._add_decode(1.0 + batch, y, float(o.tpot_count), self._decode_tpot,
+                                     float(log_one_plus_poisson(batch)))
         # The engines' own counters say the step time at the batch this very step ran: iterations
         # and generated tokens give the mean batch per iteration (B̄ = tokens / iterations) and,
         # while the batch never empties, the mean iteration time (replica-seconds / iterations,
@@ -221,9 +227,9 @@ class OnlineServiceModel:
             prompt_s = (prompts / pf_rate) if pf_rate else 0.0
             y = (o.dt * r - prompt_s) / o.engine_steps
             if math.isfinite(y) and y > 0 and mean_batch >= 1.0:
-                self._add_decode(mean_batch, y, max(1.0, float(o.tpot_count or o.ended)))
+                self._add_decode(mean_batch, y, max(1.0, float(o.tpot_count or o.ended)), z=math.log(mean_batch))
         if tpot_net is not None:
-            self._add_single(tpot_net, batch, float(o.tpot_count))
+            self._add_single(tpot_net, self._others(o, tpot_net), float(o.tpot_count))
         step = self._mean_step(batch) if self._decode_coeffs()[0] is not None else 0.0
         # Prefill: the seconds a prompt token occupies the prefill queue (its compute plus its
         # share of its chunks' steps). Where the engines time their requests' phases (vLLM's
@@ -264,6 +270,21 @@ class OnlineServiceModel:
             self._add_log(self._kv, batch * (p_mean + o_mean / 2.0) / o.kv_usage, 1.0)
         self.num_steps += 1
 
+    @staticmethod
+    def _others(o: StepObservation, tpot: float) -> float:
+        """The mean count of others decoding beside the requests that ended in the step: the
+        running gauge at its two ends, less the ended requests themselves at the start (each was
+        running there if it began before the step: with a life L, a share min(1, L / dt) of those
+        ending at a uniform time in the step did). At low load a request lives a few seconds, and
+        counting itself as its own neighbour reads a request decoding alone as one in a batch."""
+        r = float(o.replicas)
+        ttft = o.ttft_sum / o.ttft_count if (o.ttft_count and o.ttft_sum is not None) else 0.0
+        out = o.output_tokens / o.ended if o.ended > 0 else 1.0
+        life = ttft + max(0.0, out - 1.0) * tpot
+        start = max(0.0, o.running_start - o.ended * min(1.0, life / o.dt))
+        end = max(0.0, 2.0 * o.running - o.running_start)
+        return 0.5 * (start + end) / r
+
     def _add_single(self, tpot_net: float, batch: float, w: float) -> None:
         """A step's mean TPOT net of prompt work, kept to estimate the step of a sequence decoding
         alone (_single_step) where a large enough share of the decoding was alone (p0 >= 0.2)."""
@@ -273,25 +294,26 @@ class OnlineServiceModel:
 
     def _mean_step(self, batch: float) -> float:
         """The mean decode step at a time-average batch, as service_model.predict counts it."""
-        a, c = self._decode_coeffs()
+        a, c, d = self._decode_coeffs()
         single = self._single_step()[0]
-        return float(seen_step_s(a + c, c, a + c if single is None else single, max(0.0, batch)))
+        return float(seen_step_s(a + c, c, a + c if single is None else single, max(0.0, batch), d))
 
     def _single_step(self) -> tuple[float | None, float]:
         """(seconds, sd of log) of one sequence decoding alone; None until estimated. Each kept
         step inverts the model's mean step at its batch against the current line: single =
-        step(1) + (TPOT − step(1 + B)) / p0, kept between a tenth of the line at one sequence
-        and the line at two (the step grows with the batch); the weighted median of those."""
-        a, c = self._decode_coeffs()
-        key = (self.num_steps, len(self._single), a, c)
+        step(1) + (TPOT − seen(B)) / p0, kept between a tenth of the curve at one sequence
+        and the curve at two (the step grows with the batch); the weighted median of those."""
+        a, c, d = self._decode_coeffs()
+        key = (self.num_steps, len(self._single), a, c, d)
         if self._single_cache is not None and self._single_cache[0] == key:
             return self._single_cache[1]
         pts = np.zeros((0, 3))
         if a is not None and self._single:
             arr = np.array(self._single)
             y, b = arr[:, 0], arr[:, 1]
-            est = a + c + (y - seen_step_s(a + c, c, a + c, b)) / np.exp(-b)   # seen_step_s inverted
-            pts = np.column_stack([np.log(np.clip(est, 0.1 * (a + c), a + 2.0 * c)), arr[:, 2], arr[:, 3]])
+            est = a + c + (y - seen_step_s(a + c, c, a + c, b, d)) / np.exp(-b)   # seen_step_s inverted
+            two = a + 2.0 * c + d * math.log(2.0)
+            pts = np.column_stack([np.log(np.clip(est, 0.1 * (a + c), two)), arr[:, 2], arr[:, 3]])
         if self._single_prior is not None:
             pts = np.vstack([pts, [self._single_prior[0], self._single_prior[1], self.num_steps]])
         result = _weighted_median(pts, self.forget, self.num_steps) if len(pts) else (None, 0.0)
@@ -345,16 +367,18 @@ class OnlineServiceModel:
         idle while the sum looks busy)."""
         return self._decode if len(self._decode.points) >= 5 else self._decode_tpot
 
-    def _decode_coeffs(self) -> tuple[float | None, float]:
+    def _decode_coeffs(self) -> tuple[float | None, float, float]:
+        """(a, c, d) of the step a + c·b + d·ln b; a is None until there is a fit."""
         fit = self._decode_line().fit(self.num_steps, floor_a=1e-4)
-        return (None, 0.0) if fit is None else (fit[0], fit[1])
+        return (None, 0.0, 0.0) if fit is None else (fit.a, fit.c, fit.d)
 
-    def _decode_band(self) -> tuple[tuple[float, float], tuple[float, float]]:
+    def _decode_band(self) -> tuple[tuple[float, float], tuple[float, float], tuple[float, float]]:
         fit = self._decode_line().fit(self.num_steps, floor_a=1e-4)
         if fit is None:
-            return (math.nan, math.nan), (math.nan, math.nan)
-        a, c, se_a, se_c = fit
-        return ((max(1e-4, a - _Z90 * se_a), a + _Z90 * se_a), (max(0.0, c - _Z90 * se_c), c + _Z90 * se_c))
+            return (math.nan, math.nan), (math.nan, math.nan), (math.nan, math.nan)
+        return ((max(1e-4, fit.a - _Z90 * fit.se_a), fit.a + _Z90 * fit.se_a),
+                (max(0.0, fit.c - _Z90 * fit.se_c), fit.c + _Z90 * fit.se_c),
+                (max(0.0, fit.d - _Z90 * fit.se_d), fit.d + _Z90 * fit.se_d))
 
     @staticmethod
     def _log_mean(acc) -> tuple[float | None, float]:
@@ -373,7 +397,7 @@ class OnlineServiceModel:
         return _weighted_median(pts, self.forget, self.num_steps) if pts else (None, 0.0)
 
     def _per_chunk_s(self) -> float:
-        a, c = self._decode_coeffs()
+        a, c, _ = self._decode_coeffs()
         if a is None or not self.step_token_budget:
             return 0.0
         return (a + c) / self.step_token_budget   # a step at batch 1
@@ -400,13 +424,13 @@ class OnlineServiceModel:
     def model(self) -> ServiceModel | None:
         if not self.ready:
             return None
-        a, c = self._decode_coeffs()
+        a, c, d = self._decode_coeffs()
         pf = self.prefill_rate()
         kv_m, _ = self._log_mean(self._kv)
         kv = math.exp(kv_m) if kv_m is not None else (self.prior.kv_capacity_tokens if self.prior else 1e12)
         return ServiceModel(prefill_tokens_per_s=pf, decode_base_s=a, decode_per_seq_s=c, kv_capacity_tokens=kv,
                             max_batch=self.max_batch, step_token_budget=self.step_token_budget or _DEFAULT_BUDGET,
-                            ttft_overhead_s=self.ttft_overhead_s(), decode_single_s=self._single_step()[0],
+                            ttft_overhead_s=self.ttft_overhead_s(), decode_single_s=self._single_step()[0], decode_log_s=d,
                             name="learned", source=f"learned online over {self.num_steps} steps")
 
     def mix(self) -> TokenMix | None:
@@ -425,7 +449,7 @@ class OnlineServiceModel:
         m = self.model()
         if m is None:
             return None
-        (a_lo, a_hi), (c_lo, c_hi) = self._decode_band()
+        (a_lo, a_hi), (c_lo, c_hi), d_band = self._decode_band()
         k, k_sd = self._per_token_k()
         pf_band = (self._rate_from_k(k * math.exp(_Z90 * k_sd)), self._rate_from_k(k * math.exp(-_Z90 * k_sd)))
         w, s1, s2 = self._overhead
@@ -439,7 +463,7 @@ class OnlineServiceModel:
                        else (a_lo + c_lo, a_hi + c_hi))
         return FittedParams(m, (a_lo, a_hi), (c_lo, c_hi),
                             pf_band, kv_band, p, o, self.num_steps, (max(0.0, o_mean - _Z90 * o_sd), o_mean + _Z90 * o_sd),
-                            single_band)
+                            single_band, d_band)
 
 
 def _weighted_median(pts, forget: float, now: int) -> tuple[float, float]:

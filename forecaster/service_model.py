@@ -4,11 +4,13 @@ A replica is an engine with continuous batching and chunked prefill, scheduled a
 every step carries one token for each decoding sequence plus up to `step_token_budget` prompt
 tokens. Its parameters:
 
-- decode step time: step(b) = decode_base_s + decode_per_seq_s·b + decode_per_ctx_token_s·(context
-  tokens the batch holds) — weights read once a step, KV reads and a little compute per sequence —
-  from two sequences on; one sequence decoding alone steps in `decode_single_s` (on the line, a + c,
-  unless set: on a CPU a one-row product runs as a matrix-vector kernel, measured at half the
-  two-sequence step), joined linearly to the line at two;
+- decode step time: step(b) = decode_base_s + decode_per_seq_s·b + decode_log_s·ln(b) +
+  decode_per_ctx_token_s·(context tokens the batch holds) — weights read once a step, KV reads and
+  a little compute per sequence, and on a CPU a concave part (its products grow slower than their
+  rows: SmolLM2 on the EPYC stepped 59 / 112 / 164 / 208 ms at 1 / 2 / 6 / 12 sequences; 0 on a
+  memory-bound accelerator) — from two sequences on; one sequence decoding alone steps in
+  `decode_single_s` (on the curve, a + c, unless set: on a CPU a one-row product runs as a
+  matrix-vector kernel, measured at half the two-sequence step), joined linearly to the curve at two;
 - prefill throughput `prefill_tokens_per_s` (a chunk of C tokens adds C / rate to its step);
 - KV capacity in tokens and the largest batch (vLLM's max_num_seqs).
 
@@ -18,11 +20,12 @@ a fluid approximation for decode plus an M/G/1 queue for prefill:
 
 - Work conservation: a decoding sequence steps beside the others decoding with it, a Poisson
   count of mean B (the time-average batch, as in an M/G/∞ system), so its mean step is
-  seen(B) = step(1 + B) + e^(−B)·(single − step(1)) (the share e^(−B) of its steps it decodes
-  alone), and Little's law gives B = λŌ·seen(B) / (1 − ρ_p), where ρ_p = λP̄ / rate_p is the share
-  of time spent on prompt tokens: on the line, B = λŌ·(a + c') / (1 − ρ_p − λŌ·c'), a =
-  decode_base_s and c' the per-sequence cost including its context. Stable only while the
-  denominator is positive, B <= max_batch and B·(P̄ + Ō/2) fits the KV cache.
+  seen(B) = a + c'·(1 + B) + d·E[ln(1 + K)] + e^(−B)·(single − step(1)) (K ~ Poisson(B); the share
+  e^(−B) of its steps it decodes alone), and Little's law gives B = λŌ·seen(B) / (1 − ρ_p), where
+  ρ_p = λP̄ / rate_p is the share of time spent on prompt tokens: on the line, B = λŌ·(a + c') /
+  (1 − ρ_p − λŌ·c'), a = decode_base_s and c' the per-sequence cost including its context (else
+  solved by a safeguarded Newton's method). Stable only while the denominator is positive,
+  B <= max_batch and B·(P̄ + Ō/2) fits the KV cache.
 - Prefill is FIFO; a prompt of P tokens occupies the prefill "server" for
   S(P) = P / rate_p + (P / C)·step(B) (its chunks ride on decode steps; counted pro rata, as the
   simulator's fleet does: an engine's whole-step granularity, about half a step of wait and the
@@ -204,6 +207,9 @@ class ServiceModel:
     ttft_overhead_s: float = 0.0
     # One sequence decoding alone, where that is off the line (None: a + c).
     decode_single_s: float | None = None
+    # The step's concave part: d·ln(b) (a CPU's products grow sublinearly in their rows; 0 on a
+    # memory-bound accelerator, where the line is the step).
+    decode_log_s: float = 0.0
     name: str = "model"
     source: str = ""
 
@@ -211,7 +217,7 @@ class ServiceModel:
         for f in ("prefill_tokens_per_s", "decode_base_s", "kv_capacity_tokens", "max_batch", "step_token_budget"):
             if not getattr(self, f) > 0:
                 raise ValueError(f"service model {self.name!r}: {f} must be positive, got {getattr(self, f)}")
-        for f in ("decode_per_seq_s", "decode_per_ctx_token_s", "ttft_overhead_s"):
+        for f in ("decode_per_seq_s", "decode_per_ctx_token_s", "ttft_overhead_s", "decode_log_s"):
             if getattr(self, f) < 0:
                 raise ValueError(f"service model {self.name!r}: {f} must be >= 0, got {getattr(self, f)}")
         if self.decode_single_s is not None and not self.decode_single_s > 0:
@@ -227,8 +233,8 @@ class ServiceModel:
         """Seconds for one decode step carrying `batch` sequences holding `context_tokens` in all."""
         ctx = self.decode_per_ctx_token_s * context_tokens
         if self.decode_single_s is None or batch >= 2.0:
-            return self.decode_base_s + self.decode_per_seq_s * batch + ctx
-        two = self.decode_base_s + 2.0 * self.decode_per_seq_s
+            return self.decode_base_s + self.decode_per_seq_s * batch + self.decode_log_s * math.log(max(batch, 1.0)) + ctx
+        two = self.decode_base_s + 2.0 * self.decode_per_seq_s + self.decode_log_s * math.log(2.0)
         return self.decode_single_s + max(0.0, batch - 1.0) * (two - self.decode_single_s) + ctx
 
     def request_work_s(self, prompt_tokens, output_tokens, batch: float):
@@ -258,7 +264,7 @@ class ServiceModel:
         if not math.isfinite(batch) or batch > self.max_batch or batch * ctx > self.kv_capacity_tokens:
             return Prediction(lam, False, batch, math.inf, 1.0, nan, nan, o)
         line_one, single = self._line_one_and_single(per_seq, ctx)
-        step = seen_step_s(line_one, per_seq, single, batch)
+        step = seen_step_s(line_one, per_seq, single, batch, self.decode_log_s)
         # Prefill as an M/G/1 queue: service = prompt time plus the decode part of each chunk's step.
         chunk = float(self.step_token_budget)
         service = p / self.prefill_tokens_per_s + (p / chunk) * step
@@ -301,9 +307,9 @@ class ServiceModel:
                              float(self.max_batch))
         # It decodes alone throughout with probability e^(−b), b its local batch (the share of time
         # a sequence has no other beside it; 1 where no one overlapped it), at `decode_single_s`;
-        # otherwise on the line beside the others, b / (1 − e^(−b)) of them on average then.
+        # otherwise on the curve beside the others: step(1 + K) given K >= 1, K ~ Poisson(b).
         p_alone = np.exp(-local_b)
-        beside = per_seq * local_b / np.maximum(1.0 - p_alone, 1e-12)
+        beside = (per_seq * local_b + self.decode_log_s * log_one_plus_poisson(local_b)) / np.maximum(1.0 - p_alone, 1e-12)
         own = np.where(rng.random(len(p)) < p_alone, single, line_one + beside)
         tpot = np.where(o > 1, own + interference / gaps, 0.0)
         return Prediction(lam, True, batch, step, rho_q, ttft, tpot, o)
@@ -315,9 +321,9 @@ class ServiceModel:
     def _decode_batch(self, k: np.ndarray, per_seq: float, ctx: float) -> np.ndarray:
         """The time-average decode batch B = k·seen(B), k = λŌ / (1 − ρ_p) (tokens a second of
         decoding must produce); inf where no batch keeps up (k·c' >= 1). On the line the root is
-        closed form; with a one-sequence step off it, Newton's method from the root on the line at
-        one extra sequence (seen(B) lies between the lines at 0 and 1 extra, and is concave or
-        convex throughout, so the iterates close in on the root from one side)."""
+        closed form; with a one-sequence step off it or a concave part, a safeguarded Newton's
+        method on g(B) = k·seen(B) − B, which is positive below the root and negative above it
+        (seen(B) grows slower than B / k), inside a bracket that each iterate narrows."""
         k = np.asarray(k, float)
         with np.errstate(invalid="ignore"):
             ok = np.isfinite(k) & (k * per_seq < 1.0)
@@ -325,16 +331,29 @@ class ServiceModel:
         denom = np.where(ok, 1.0 - kk * per_seq, 1.0)
         line_one, single = self._line_one_and_single(per_seq, ctx)
         off = single - line_one
-        if off == 0.0:
+        d = self.decode_log_s
+        if off == 0.0 and d == 0.0:
             return np.where(ok, kk * line_one / denom, np.inf)
+        # Bracket: seen(B) >= line_one + c'·B + min(off, 0), and seen(B) <= line_one + c'·B +
+        # max(off, 0) + d·ln(1 + B) <= ... + d·(ln(1 + B0) + (B − B0) / (1 + B0)) for any B0 (a
+        # tangent of the concave log), B0 past the engine's batch limit.
         lo = kk * (line_one + min(off, 0.0)) / denom
-        hi = kk * (line_one + per_seq + max(off, 0.0)) / denom
-        b = hi
-        for _ in range(12):
+        b0 = 2.0 * float(self.max_batch)
+        slope_hi = per_seq + d / (1.0 + b0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            hi = np.where(kk * slope_hi < 1.0, kk * (line_one + per_seq + max(off, 0.0) + d * (math.log1p(b0) - b0 / (1.0 + b0)))
+                          / np.maximum(1.0 - kk * slope_hi, 1e-300), np.inf)
+        hi = np.maximum(np.minimum(hi, 1e9), lo)
+        b = np.minimum(hi, np.maximum(lo, kk * (line_one + per_seq) / denom))
+        for _ in range(30):
             e = np.exp(-b)
-            g = kk * (line_one + per_seq * b + e * off) - b
-            slope = kk * (per_seq - e * off) - 1.0
-            nxt = np.clip(b - g / np.minimum(slope, -1e-12), lo, hi)
+            g = kk * (line_one + per_seq * b + d * log_one_plus_poisson(b) + e * off) - b
+            lo = np.where(g >= 0.0, b, lo)
+            hi = np.where(g <= 0.0, b, hi)
+            slope = kk * (per_seq + d * log_one_plus_poisson_slope(b) - e * off) - 1.0
+            with np.errstate(divide="ignore", invalid="ignore"):
+                newton = b - g / slope
+            nxt = np.where(np.isfinite(newton) & (newton > lo) & (newton < hi), newton, 0.5 * (lo + hi))
             done = np.max(np.abs(nxt - b)) <= 1e-9 * (1.0 + float(np.max(nxt)))
             b = nxt
             if done:
@@ -378,12 +397,51 @@ class ServiceModel:
         return lo
 
 
-def seen_step_s(line_one, per_seq, single, others):
+def seen_step_s(line_one, per_seq, single, others, log_coef: float = 0.0):
     """The mean step a decoding sequence takes beside `others` sequences on average (a Poisson
-    count): the line at 1 + others (`line_one` its value at one sequence, `per_seq` its slope),
-    less what it saves the share e^(−others) of its steps it decodes alone at `single` (nothing
-    when that is on the line). Scalars or arrays."""
-    return line_one + per_seq * others + np.exp(-others) * (single - line_one)
+    count K): the step at 1 + K (`line_one` its value at one sequence, `per_seq` the line's slope,
+    `log_coef` its concave part d·ln(1 + K)), less what it saves the share e^(−others) of its steps
+    it decodes alone at `single` (nothing when that is on the line). Scalars or arrays."""
+    mean = line_one + per_seq * others + np.exp(-others) * (single - line_one)
+    return mean + log_coef * log_one_plus_poisson(others) if log_coef else mean
+
+
+# E[ln(1 + K)] for K ~ Poisson(m), and its derivative in m (E[ln(2 + K) − ln(1 + K)]), tabulated
+# on [0, _LOG_TABLE_MAX] (linear interpolation: error < 1e-4) and from the asymptotic expansion
+# past it (error < 1e-6 there).
+_LOG_TABLE_MAX = 256.0
+_LOG_TABLE_STEP = 1.0 / 32.0
+
+
+def _log_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    m = np.arange(0.0, _LOG_TABLE_MAX + _LOG_TABLE_STEP / 2, _LOG_TABLE_STEP)
+    ks = np.arange(0, int(_LOG_TABLE_MAX + 12 * math.sqrt(_LOG_TABLE_MAX) + 20), dtype=float)
+    log_fact = np.concatenate([[0.0], np.cumsum(np.log(ks[1:]))])
+    mean, slope = np.zeros(len(m)), np.zeros(len(m))
+    slope[0] = math.log(2.0)
+    for i in range(1, len(m), 512):
+        mm = m[i:i + 512, None]
+        pmf = np.exp(ks[None, :] * np.log(mm) - mm - log_fact[None, :])
+        mean[i:i + 512] = pmf @ np.log1p(ks)
+        slope[i:i + 512] = pmf @ np.log1p(1.0 / (1.0 + ks))
+    return m, mean, slope
+
+
+_LOG_M, _LOG_MEAN, _LOG_SLOPE = _log_tables()
+
+
+def log_one_plus_poisson(m):
+    """E[ln(1 + K)], K ~ Poisson(m) (m >= 0; scalars or arrays)."""
+    m = np.maximum(np.asarray(m, float), 0.0)
+    far = np.log1p(m) - m / (2.0 * (1.0 + m) ** 2)
+    return np.where(m <= _LOG_TABLE_MAX, np.interp(m, _LOG_M, _LOG_MEAN), far)
+
+
+def log_one_plus_poisson_slope(m):
+    """d/dm E[ln(1 + K)] = E[ln((2 + K) / (1 + K))], K ~ Poisson(m)."""
+    m = np.maximum(np.asarray(m, float), 0.0)
+    far = 1.0 / (1.0 + m) - (1.0 - m) / (2.0 * (1.0 + m) ** 3)
+    return np.where(m <= _LOG_TABLE_MAX, np.interp(m, _LOG_M, _LOG_SLOPE), far)
 
 
 def _tail_decay(lam: float, service: np.ndarray) -> float:

@@ -61,6 +61,7 @@ def learned_model(text: str) -> tuple[ServiceModel, float, float]:
     single = mean("goodput_replica_decode_step_seconds")
     model = ServiceModel(prefill_tokens_per_s=mean("goodput_replica_prefill_tokens_per_second"),
                          decode_base_s=base, decode_per_seq_s=per_seq,
+                         decode_log_s=mean("goodput_replica_decode_step_log_seconds"),
                          decode_single_s=None if math.isclose(single, base + per_seq, rel_tol=1e-9) else single,
                          kv_capacity_tokens=mean("goodput_replica_kv_capacity_tokens"),
                          max_batch=64, step_token_budget=1 << 30,
@@ -224,8 +225,10 @@ def relearn(path: Path, saved: ServiceModel) -> tuple[ServiceModel, tuple[float,
 
 def _describe(model: ServiceModel) -> str:
     alone = "" if model.decode_single_s is None else f", {1000 * model.decode_single_s:.1f} ms alone"
+    curve = f" + {1000 * model.decode_log_s:.1f} ms·ln(b)" if model.decode_log_s else ""
     return (f"prefill {model.prefill_tokens_per_s:.0f} tok/s, step {1000 * (model.decode_base_s + model.decode_per_seq_s):.1f} ms + "
-            f"{1000 * model.decode_per_seq_s:.2f} ms/seq{alone}, TTFT overhead {1000 * model.ttft_overhead_s:.0f} ms")
+            f"{1000 * model.decode_per_seq_s:.2f} ms/seq{curve} (b sequences){alone}, TTFT overhead "
+            f"{1000 * model.ttft_overhead_s:.0f} ms")
 
 
 def _report(args, out: Path, model: ServiceModel, p_mean: float, o_mean: float, points: list, load,

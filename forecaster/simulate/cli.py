@@ -132,12 +132,13 @@ def run_command(args: argparse.Namespace) -> int:
           + (f"forecaster capacity {capacity:.2f} req/s per replica; " if capacity else "")
           + f"wall {setup['wall_s']} s")
     if learned:
+        curve = f" + {1000 * profile.decode_log_s:g}·ln(b)" if profile.decode_log_s else ""
         print(f"forecaster learned online: capacity {learned['capacity_rps']:.2f} req/s per replica "
               f"({learned['capacity_source']}); prefill {learned['prefill_tokens_per_s']:.0f} tok/s "
               f"(profile {profile.prefill_tokens_per_s:g}), step {1000 * learned['decode_base_s']:.1f} ms + "
-              f"{1000 * learned['decode_per_seq_s']:.2f} ms/seq (profile {1000 * profile.decode_base_s:g} + "
-              f"{1000 * profile.decode_per_seq_s:g}), mix {learned['prompt_mean']:.0f}/{learned['output_mean']:.0f} "
-              f"tokens in/out")
+              f"{1000 * learned['decode_per_seq_s']:.2f} ms/seq + {1000 * learned.get('decode_log_s', 0.0):.2f} ms·ln(b) "
+              f"(profile {1000 * profile.decode_base_s:g} + {1000 * profile.decode_per_seq_s:g}{curve}), "
+              f"mix {learned['prompt_mean']:.0f}/{learned['output_mean']:.0f} tokens in/out")
     print(report.text_table(results))
     if args.json:
         report.write_json(Path(args.json), setup, results)

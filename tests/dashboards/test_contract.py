@@ -47,10 +47,11 @@ def test_contract_lists_every_design_metric_once():
     # admission guard's goodput_admission_predicted_ttft_seconds and goodput_admission_ttft_error_seconds,
     # and its TPOT term's goodput_admission_predicted_tpot_seconds, goodput_admission_tpot_error_seconds
     # and goodput_admission_shed_total{reason}; the service model's batched-line base,
-    # goodput_replica_decode_step_base_seconds, once the one-sequence step was learned apart.
+    # goodput_replica_decode_step_base_seconds, once the one-sequence step was learned apart, and
+    # its concave part, goodput_replica_decode_step_log_seconds.
     assert len(contract.by_source("sidecar")) == 42
-    assert len(contract.by_source("forecaster")) == 21
-    assert len(contract.METRICS) == 63
+    assert len(contract.by_source("forecaster")) == 22
+    assert len(contract.METRICS) == 64
 
 
 def test_contract_outcomes_are_the_sidecars():

@@ -116,7 +116,7 @@ def test_every_dashboard_query_is_valid_promql(tmp_path):
     proc = promtool("check", "rules", str(path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # 57 queries, plus 13 in the engine dashboard's "Where TTFT goes" row (ttft-advice issue), 21 in the
-    # autoscaling dashboard's latency-forecast and service-model rows (22 with the batched line's fixed
-    # part), 14 for admission (shed by reason; predicted TTFT and TPOT, 4 each; their errors, 2 each),
+    # autoscaling dashboard's latency-forecast and service-model rows (23 with the batched curve's fixed
+    # and concave parts), 14 for admission (shed by reason; predicted TTFT and TPOT, 4 each; their errors, 2 each),
     # 4 for the token mix.
-    assert f"SUCCESS: {len(records)} rules found" in proc.stdout and len(records) == 110
+    assert f"SUCCESS: {len(records)} rules found" in proc.stdout and len(records) == 111

@@ -559,3 +559,97 @@ def test_the_step_alone_joins_the_line_at_two_sequences():
     assert replace(m, decode_single_s=None).step_s(1) == pytest.approx(0.09)
     with pytest.raises(ValueError, match="decode_single_s"):
         replace(m, decode_single_s=0.0)
+
+
+def _concave_profile(single=None):
+    # A CPU's step: 50 ms + 2 ms a sequence + 60 ms·ln(batch), about what SmolLM2 measured on the
+    # EPYC (59 / 112 / 164 / 208 ms at 1 / 2 / 6 / 12 sequences), optionally 50 ms alone.
+    return replace(_small_profile(single), decode_base_s=0.05, decode_per_seq_s=0.002, decode_log_s=0.06)
+
+
+@pytest.mark.parametrize("lengths", ["constant", "exponential"])
+def test_tpot_quantiles_on_a_concave_step_follow_the_simulated_replica(lengths):
+    # Measured when written: largest error 15 % (constant) and 17 % (exponential), medians 1.5
+    # and 5.3 %, over p50/p90/p99 at 0.2-2 req/s.
+    profile = _concave_profile()
+    if lengths == "constant":
+        prompts, outputs = np.full(100, 128.0), np.full(100, 32.0)
+    else:
+        mix = TokenMix.from_means(128.0, 32.0)
+        prompts, outputs = mix.prompt_tokens, mix.output_tokens
+    mix = TokenMix.from_samples(prompts, outputs)
+    errors = []
+    for rate in (0.2, 1.0, 2.0):
+        tpot = _simulated_tpot(profile, rate, prompts, outputs)
+        pred = profile.predict(rate, mix)
+        for q in (0.5, 0.9, 0.99):
+            errors.append(abs(pred.tpot_quantile(q) - np.quantile(tpot, q)) / np.quantile(tpot, q))
+    assert max(errors) < 0.25, errors
+    assert float(np.median(errors)) < 0.1, errors
+
+
+@pytest.mark.parametrize("concave", [True, False])
+def test_a_concave_step_is_learned_and_a_straight_one_stays_straight(concave):
+    profile = _concave_profile(0.05) if concave else _small_profile()
+    mix = TokenMix.from_means(128.0, 32.0)
+    policy = _learn_over_phases(profile, (0.2, 1.0, 0.3, 2.0, 0.2), 300, mix.prompt_tokens, mix.output_tokens)
+    m = policy.service.model()
+    # Where the traffic ran (up to about 8 sequences), the learned step is within 20 %. Measured
+    # when written: concave +0 / +12 / +7 / +9 % at 1 / 2 / 4 / 8 sequences; straight -1 / +3 /
+    # +8 / +14 % (its slope is overstated: the prefill rate this simulated replica's short prompts
+    # give the learner is too fast, which leaves prompt time in the iteration steps).
+    for b in (1, 2, 4, 8):
+        assert m.step_s(b) == pytest.approx(profile.step_s(b), rel=0.2), b
+    if concave:
+        assert m.decode_log_s > 0.02
+    else:
+        assert m.decode_log_s * math.log(8) < 0.05 * m.step_s(8)
+    params = policy.service.params()
+    assert params.decode_log_s[0] <= m.decode_log_s <= params.decode_log_s[1]
+
+
+def test_the_mean_log_of_a_poisson_count_and_the_batch_on_a_concave_step():
+    from scipy.stats import poisson
+
+    from forecaster.service_model import log_one_plus_poisson, log_one_plus_poisson_slope, seen_step_s
+
+    for m in (0.0, 0.01, 0.7, 3.0, 40.0, 255.0, 300.0, 2000.0):
+        k = np.arange(0, int(m + 30 * math.sqrt(m) + 60))
+        pmf = poisson.pmf(k, m)
+        assert float(log_one_plus_poisson(m)) == pytest.approx(float(pmf @ np.log1p(k)), abs=1e-4)
+        assert float(log_one_plus_poisson_slope(m)) == pytest.approx(float(pmf @ np.log1p(1.0 / (1.0 + k))), abs=1e-4)
+    profile = _concave_profile(0.05)
+    mix = TokenMix.from_means(128.0, 32.0)
+    for rate in (0.1, 0.8, 1.6):
+        pred = profile.predict(rate, mix)
+        rho_p = rate * mix.prompt_mean / profile.prefill_tokens_per_s
+        seen = seen_step_s(profile.decode_base_s + profile.decode_per_seq_s, profile.decode_per_seq_s, 0.05, pred.batch,
+                           profile.decode_log_s)
+        # Little's law with the step a decoding sequence sees: B = λŌ·seen(B) / (1 − ρ_p).
+        assert pred.batch == pytest.approx(rate * mix.output_mean * seen / (1.0 - rho_p), rel=1e-6)
+        assert pred.step_s == pytest.approx(seen, rel=1e-9)
+    with pytest.raises(ValueError, match="decode_log_s"):
+        replace(profile, decode_log_s=-0.01)
+
+
+def test_the_step_curve_fit_recovers_a_curve_and_keeps_its_terms_non_negative():
+    from forecaster.robust_line import RobustLine
+
+    fit_line = RobustLine(forget=1.0)
+    for i, b in enumerate((1.0, 2.0, 3.0, 5.0, 8.0, 13.0)):
+        fit_line.add(b, 0.05 + 0.002 * b + 0.06 * math.log(b), 1.0, i, math.log(b))
+    fit = fit_line.fit(6)
+    assert (fit.a, fit.c, fit.d) == pytest.approx((0.05, 0.002, 0.06), rel=1e-6)
+    # A step that falls with the batch (noise, a transient) is held flat, not fitted downhill.
+    falling = RobustLine(forget=1.0)
+    for i, b in enumerate((1.0, 2.0, 4.0, 8.0)):
+        falling.add(b, 0.2 - 0.01 * b, 1.0, i, math.log(b))
+    fit = falling.fit(4)
+    assert fit.c == 0.0 and fit.d == 0.0 and 0.12 <= fit.a <= 0.19   # the points' level (Huber-weighted)
+    # Points on a line fit a line (the ridge holds the concave part at the prior's 0).
+    straight = RobustLine(forget=1.0)
+    straight.set_prior((1.0, 4.0), 0.1, 0.01, 2.0)
+    for i, b in enumerate((1.0, 2.0, 4.0, 8.0)):
+        straight.add(b, 0.1 + 0.01 * b, 5.0, i)
+    fit = straight.fit(4)
+    assert fit.d == pytest.approx(0.0, abs=1e-12) and fit.c == pytest.approx(0.01, rel=1e-6)
