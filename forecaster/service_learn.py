@@ -198,10 +198,13 @@ class OnlineServiceModel:
         # Decode first: TPOT net of the time prompts took from it (at the prefill rate known so far),
         # unless the engines' iteration counters are usable this step (below): that is the sharper
         # measurement, since a step's TPOT averages requests that lived through several batches.
-        # Iterations are used only from steps that start and end with two or more sequences a
-        # replica, so that the batch is unlikely to have emptied in between (idle time would read
-        # as a slower step).
+        # Iterations are used only from steps where the batch cannot have emptied (idle time would
+        # read as a slower step): fewer requests ended in the step than were running at its start,
+        # so one of those ran throughout, and the engine stepped all along. (Two or more running at
+        # both ends is not enough: at low load a request lives a second or two of a 5-s step, and
+        # such steps read 74 ms where TPOT said 35.)
         iterations = bool(o.engine_steps and o.generated_tokens and o.engine_steps > 0 and o.replicas == 1
+                          and o.running_start >= 1.0 and o.ended < o.running_start
                           and min(o.running_start, o.running) >= 2 * r)
         tpot_net = None
         if o.tpot_count and o.tpot_sum is not None and o.tpot_count > 0:

@@ -231,6 +231,19 @@ def _describe(model: ServiceModel) -> str:
             f"{1000 * model.ttft_overhead_s:.0f} ms")
 
 
+def sample_p99_range(pred, n: int, draws: int = 2000, seed: int = 5) -> dict:
+    """The central 95 % of the p99 of `n` requests drawn independently from a prediction's sampled
+    requests: how far a run of n requests can read its p99 from the distribution's own (a p99 of
+    100 requests is about their second slowest). Requests in a real run are not independent (a
+    slow spell of the host delays several), so a run's spread is wider still."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for key, values in (("ttft", pred.ttft_s), ("tpot", pred.tpot_s[pred.output_tokens > 1])):
+        picks = np.quantile(rng.choice(values, size=(draws, max(1, int(n)))), 0.99, axis=1)
+        out[key] = (float(np.quantile(picks, 0.025)), float(np.quantile(picks, 0.975)))
+    return out
+
+
 def _report(args, out: Path, model: ServiceModel, p_mean: float, o_mean: float, points: list, load,
             repredicted: bool = False) -> int:
     mixes = {"sweep mix": TokenMix(np.full(4000, float(args.input_tokens)), np.full(4000, float(args.output_tokens))),
@@ -245,6 +258,8 @@ def _report(args, out: Path, model: ServiceModel, p_mean: float, o_mean: float, 
             got = {"ttft p50": pred.ttft_quantile(0.5), "ttft p99": pred.ttft_quantile(0.99),
                    "tpot p50": pred.tpot_quantile(0.5), "tpot p99": pred.tpot_quantile(0.99)}
             row["predicted"][name] = got
+            if name == "sweep mix":
+                row["p99_of_n"] = sample_p99_range(pred, point.get("requests") or 100)
             for k, v in got.items():
                 m = measured[k]
                 if m:
@@ -266,6 +281,14 @@ def _report(args, out: Path, model: ServiceModel, p_mean: float, o_mean: float, 
             cells.append(f"{m:.3f} / {preds}" if m is not None else "-")
         lines.append(f"| {r['rate']:g} | {r.get('requests') or '-'} | {100 * r['attainment']:.1f} % | "
                      + " | ".join(cells) + " |")
+    lines += ["", "p99 of a run's requests against the p99 of as many independent draws from the prediction (sweep mix; "
+              "95 % of such draws fall in the range):", "",
+              "| rate req/s | TTFT p99 measured | drawn from the prediction | TPOT p99 measured | drawn from the prediction |",
+              "|---|---|---|---|---|"]
+    for r in rows:
+        rng_ = r["p99_of_n"]
+        lines.append(f"| {r['rate']:g} | {r['measured']['ttft p99']:.3f} | {rng_['ttft'][0]:.3f}–{rng_['ttft'][1]:.3f} | "
+                     f"{r['measured']['tpot p99']:.3f} | {rng_['tpot'][0]:.3f}–{rng_['tpot'][1]:.3f} |")
     lines += ["", "predicted = with the sweep's mix / with the mix assumed from the counters (exponential lengths)",
               "max relative error: " + ", ".join(f"{k} {100 * v:.0f} %" for k, v in doc["max_error"].items() if v is not None),
               f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"

@@ -395,7 +395,9 @@ def test_the_accuracy_script_relearns_from_recorded_scrapes(tmp_path):
     fake = FakeSidecarMetrics(free_port())
     path = tmp_path / "scrapes.jsonl.gz"
     try:
-        fake.running.labels("m").set(4)
+        # More running than end in a step (10), so the batch cannot have emptied in between and
+        # the engine's iteration counters are usable.
+        fake.running.labels("m").set(12)
         with gzip.open(path, "wt") as f:
             for i in range(20):
                 fake.serve(good=10)
