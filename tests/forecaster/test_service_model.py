@@ -500,13 +500,8 @@ def _simulated_tpot(profile, rate, prompts, outputs, seconds=1500.0, seed=1):
     return ((fleet.t_done - fleet.t_first) / np.maximum(fleet.output - 1, 1))[multi]
 
 
-@pytest.mark.parametrize("lengths", ["constant", "exponential"])
-def test_tpot_quantiles_follow_the_load_over_each_request_life(lengths):
-    # From a quarter of saturation to 90 % of it. With every request stepping in the mean batch,
-    # TPOT p99 came out at 0.284 s against 0.515 s simulated at 1.5 req/s (constant lengths) and the
-    # errors' median was 12 %; with the batch following each request's local load, measured when
-    # written: largest 21 % (p90 at 1.5 req/s, over), median 4 %.
-    profile = _small_profile()
+def _tpot_quantile_errors(profile, lengths, rates):
+    """Relative errors of the predicted TPOT p50/p90/p99 against the simulated replica's."""
     if lengths == "constant":
         prompts, outputs = np.full(100, 128.0), np.full(100, 32.0)
     else:
@@ -514,11 +509,21 @@ def test_tpot_quantiles_follow_the_load_over_each_request_life(lengths):
         prompts, outputs = mix.prompt_tokens, mix.output_tokens
     mix = TokenMix.from_samples(prompts, outputs)
     errors = []
-    for rate in (0.5, 1.0, 1.5, 2.0):
+    for rate in rates:
         tpot = _simulated_tpot(profile, rate, prompts, outputs)
         pred = profile.predict(rate, mix)   # a simulated replica is a ServiceModel
         for q in (0.5, 0.9, 0.99):
             errors.append(abs(pred.tpot_quantile(q) - np.quantile(tpot, q)) / np.quantile(tpot, q))
+    return errors
+
+
+@pytest.mark.parametrize("lengths", ["constant", "exponential"])
+def test_tpot_quantiles_follow_the_load_over_each_request_life(lengths):
+    # From a quarter of saturation to 90 % of it. With every request stepping in the mean batch,
+    # TPOT p99 came out at 0.284 s against 0.515 s simulated at 1.5 req/s (constant lengths) and the
+    # errors' median was 12 %; with the batch following each request's local load, measured when
+    # written: largest 21 % (p90 at 1.5 req/s, over), median 4 %.
+    errors = _tpot_quantile_errors(_small_profile(), lengths, (0.5, 1.0, 1.5, 2.0))
     assert max(errors) < 0.3, errors
     assert float(np.median(errors)) < 0.1, errors
 
@@ -573,19 +578,7 @@ def _concave_profile(single=None):
 def test_tpot_quantiles_on_a_concave_step_follow_the_simulated_replica(lengths):
     # Measured when written: largest error 15 % (constant) and 17 % (exponential), medians 1.5
     # and 5.3 %, over p50/p90/p99 at 0.2-2 req/s.
-    profile = _concave_profile()
-    if lengths == "constant":
-        prompts, outputs = np.full(100, 128.0), np.full(100, 32.0)
-    else:
-        mix = TokenMix.from_means(128.0, 32.0)
-        prompts, outputs = mix.prompt_tokens, mix.output_tokens
-    mix = TokenMix.from_samples(prompts, outputs)
-    errors = []
-    for rate in (0.2, 1.0, 2.0):
-        tpot = _simulated_tpot(profile, rate, prompts, outputs)
-        pred = profile.predict(rate, mix)
-        for q in (0.5, 0.9, 0.99):
-            errors.append(abs(pred.tpot_quantile(q) - np.quantile(tpot, q)) / np.quantile(tpot, q))
+    errors = _tpot_quantile_errors(_concave_profile(), lengths, (0.2, 1.0, 2.0))
     assert max(errors) < 0.25, errors
     assert float(np.median(errors)) < 0.1, errors
 
