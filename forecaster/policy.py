@@ -204,7 +204,10 @@ class ForecastPolicy:
             model, mix = self.service.model(), self.service.mix()
             if model is None or mix is None:
                 return None
-            self._capacity_cache = (model, mix, max(model.slo_capacity_rps(mix, self.slos), self.demonstrated_rps))
+            # Planned on the steep end of the fitted step's slope (OnlineServiceModel.planning_model);
+            # the latencies it forecasts come from the fitted model itself.
+            planning = self.service.planning_model()
+            self._capacity_cache = (model, mix, max(planning.slo_capacity_rps(mix, self.slos), self.demonstrated_rps))
         return self._capacity_cache[2]
 
     @property

@@ -19,6 +19,7 @@ class Fit(NamedTuple):
     se_c: float
     d: float = 0.0
     se_d: float = 0.0
+    x_mean: float = 1.0   # the weighted mean batch of the points (and the prior's): where a and c are least correlated
 
 
 class RobustLine:
@@ -99,7 +100,7 @@ class RobustLine:
             se = (math.sqrt(s2 / max(xtx[0, 0], 1e-300)), c, d)
         else:
             se = tuple(math.sqrt(max(0.0, s2 * cov[i, i])) for i in range(3))
-        result = Fit(a, c, se[0], se[1], d, se[2])
+        result = Fit(a, c, se[0], se[1], d, se[2], float(xtx[0, 1] / xtx[0, 0]))
         self._cache = (now_step, result)
         return result
 

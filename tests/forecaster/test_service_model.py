@@ -542,6 +542,29 @@ def test_decode_bound_capacity_is_where_the_simulated_replica_meets_the_objectiv
     assert 0.5 < profile.slo_capacity_rps(mix, [profile.slo]) < 0.7
 
 
+def test_capacity_is_planned_on_the_steep_end_of_a_slope_the_batches_barely_show():
+    # At 30 % of capacity the batch swings between 0 and 3: the fitted slope read 3.7 ms where the
+    # replica's is 5, and its capacity 0.90 req/s against 0.57. The planning model turns the line
+    # about the batches seen to the steep end of the slope's band; once load has varied over a
+    # day, the band is narrow and planning is the fitted model.
+    profile = _decode_bound_profile()
+    mix = TokenMix.from_means(100.0, 100.0)
+    cap = profile.slo_capacity_rps(mix, [profile.slo])
+    low = _learn_over_phases(profile, [0.3 * cap], 300, mix.prompt_tokens, mix.output_tokens).service
+    fitted, planning = (m.slo_capacity_rps(mix, [profile.slo]) for m in (low.model(), low.planning_model()))
+    assert planning <= fitted
+    assert 0.7 * cap < planning < 1.1 * cap, (cap, fitted, planning)
+    # At the batches seen the planning line is the fitted one.
+    b = low._decode_line().fit(low.num_steps, floor_a=1e-4).x_mean
+    line = [m.decode_base_s + m.decode_per_seq_s * b for m in (low.model(), low.planning_model())]
+    assert line[1] == pytest.approx(line[0], rel=1e-6)
+    day = _learn_over_phases(profile, [s * cap for s in (0.2, 0.5, 0.9, 0.35, 0.7)], 240,
+                             mix.prompt_tokens, mix.output_tokens).service
+    fitted, planning = (m.slo_capacity_rps(mix, [profile.slo]) for m in (day.model(), day.planning_model()))
+    assert planning == pytest.approx(fitted, rel=0.05)
+    assert planning == pytest.approx(cap, rel=0.1)
+
+
 @pytest.mark.parametrize("single", [0.04, None])
 def test_the_step_of_one_sequence_alone_is_learned_apart_from_the_line(single):
     # A CPU runs a one-row product as a matrix-vector kernel: SmolLM2's step alone measured 59 ms
