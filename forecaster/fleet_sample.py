@@ -1,13 +1,42 @@
 """What the forecaster observes of the fleet: one FleetSample every step (cumulative counters and
 gauges, summed over replicas by a source: forecaster/sources/), and the per-step differences of two
-of them that the service model learns from (service_learn.StepObservation)."""
+of them that the service model learns from (StepObservation, forecaster/service_learn.py)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from forecaster.service_learn import StepObservation
+
+@dataclass(frozen=True)
+class StepObservation:
+    """One forecast step's per-replica view (rates over the step; gauges at its end)."""
+
+    dt: float
+    replicas: int
+    arrival_rps: float            # whole fleet
+    ended: float                  # requests that ended in the step (whole fleet)
+    input_tokens: float           # prompt tokens of those
+    output_tokens: float
+    ttft_sum: float | None = None
+    ttft_count: float | None = None
+    tpot_sum: float | None = None
+    tpot_count: float | None = None
+    running: float = 0.0          # whole fleet, mean of the step's two ends
+    running_start: float = 0.0    # whole fleet, at the step's start
+    waiting: float = 0.0
+    kv_usage: float = math.nan    # mean over replicas
+    prefill_sum: float | None = None    # engine-reported prefill seconds (whole fleet)
+    prefill_count: float | None = None
+    input_hist: dict | None = None      # per-request prompt tokens: {bucket upper bound: requests} in the step
+    output_hist: dict | None = None
+    queue_sum: float | None = None      # engine-reported queue seconds (whole fleet)
+    queue_count: float | None = None
+    generated_tokens: float | None = None   # tokens the engines generated in the step (counted as
+                                            # they stream, unlike output_tokens: at the end)
+    engine_steps: float | None = None       # engine iterations in the step (whole fleet)
+    prefilled_tokens: float | None = None   # prompt tokens the engines computed in the step (counted at
+                                            # prefill, unlike input_tokens: at the end; cache hits excluded)
 
 
 @dataclass

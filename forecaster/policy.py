@@ -206,7 +206,7 @@ class ForecastPolicy:
                 return None
             # Planned on the steep end of the fitted step's slope (OnlineServiceModel.planning_model);
             # the latencies it forecasts come from the fitted model itself.
-            planning = self.service.planning_model()
+            planning = self.service.planning_model(model)
             self._capacity_cache = (model, mix, max(planning.slo_capacity_rps(mix, self.slos), self.demonstrated_rps))
         return self._capacity_cache[2]
 

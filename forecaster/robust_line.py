@@ -1,7 +1,8 @@
 """A step curve y = a + c·x + d·z fitted robustly to points that age: the service-model learner's
 decode step against the batch (forecaster/service_learn.py), z the step's concave part at that
 point (ln of the batch; for a Poisson batch, the mean of its log). Without z values (all 0) it is
-the straight line y = a + c·x."""
+the straight line y = a + c·x. And the weighted median of aging points, the learner's estimate
+where queueing only ever adds to a point (prefill, the step of one sequence alone)."""
 
 from __future__ import annotations
 
@@ -103,6 +104,20 @@ class RobustLine:
         result = Fit(a, c, se[0], se[1], d, se[2], float(xtx[0, 1] / xtx[0, 0]))
         self._cache = (now_step, result)
         return result
+
+
+def weighted_median(pts, forget: float, now: int) -> tuple[float, float]:
+    """(exp of the weighted median, its upper one-sigma spread) of (log value, weight, step) points
+    (rows) whose weights decay by age."""
+    arr = np.asarray(pts, dtype=float)
+    w = arr[:, 1] * forget ** (now - arr[:, 2])
+    order = np.argsort(arr[:, 0])
+    cum = np.cumsum(w[order]) / w.sum()
+
+    def q(p):
+        return float(arr[order, 0][min(len(cum) - 1, int(np.searchsorted(cum, p)))])
+    median = q(0.5)
+    return math.exp(median), max(0.0, q(0.84) - median)
 
 
 def _inverse_or_none(m: np.ndarray):

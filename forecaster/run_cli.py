@@ -19,7 +19,7 @@ def _prior(args) -> dict:
     from pathlib import Path
 
     from forecaster.capacity import load_sweep_capacity
-    from forecaster.service_learn import model_from_bench
+    from forecaster.service_prior import model_from_bench
 
     path = Path(args.prior)
     try:

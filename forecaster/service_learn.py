@@ -39,7 +39,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from forecaster.robust_line import RobustLine
+from forecaster.fleet_sample import StepObservation
+from forecaster.robust_line import RobustLine, weighted_median
 from forecaster.service_model import ServiceModel, TokenMix, log_one_plus_poisson, seen_step_s
 
 _Z90 = 1.645
@@ -48,37 +49,6 @@ _Z90 = 1.645
 # elsewhere; the bundled engine's is 512). It bounds how much prompt work one decode step carries,
 # so how far a long prompt can stretch other requests' TPOT.
 _DEFAULT_BUDGET = 2048
-
-
-@dataclass(frozen=True)
-class StepObservation:
-    """One forecast step's per-replica view (rates over the step; gauges at its end)."""
-
-    dt: float
-    replicas: int
-    arrival_rps: float            # whole fleet
-    ended: float                  # requests that ended in the step (whole fleet)
-    input_tokens: float           # prompt tokens of those
-    output_tokens: float
-    ttft_sum: float | None = None
-    ttft_count: float | None = None
-    tpot_sum: float | None = None
-    tpot_count: float | None = None
-    running: float = 0.0          # whole fleet, mean of the step's two ends
-    running_start: float = 0.0    # whole fleet, at the step's start
-    waiting: float = 0.0
-    kv_usage: float = math.nan    # mean over replicas
-    prefill_sum: float | None = None    # engine-reported prefill seconds (whole fleet)
-    prefill_count: float | None = None
-    input_hist: dict | None = None      # per-request prompt tokens: {bucket upper bound: requests} in the step
-    output_hist: dict | None = None
-    queue_sum: float | None = None      # engine-reported queue seconds (whole fleet)
-    queue_count: float | None = None
-    generated_tokens: float | None = None   # tokens the engines generated in the step (counted as
-                                            # they stream, unlike output_tokens: at the end)
-    engine_steps: float | None = None       # engine iterations in the step (whole fleet)
-    prefilled_tokens: float | None = None   # prompt tokens the engines computed in the step (counted at
-                                            # prefill, unlike input_tokens: at the end; cache hits excluded)
 
 
 @dataclass(frozen=True)
@@ -319,7 +289,7 @@ class OnlineServiceModel:
             pts = np.column_stack([np.log(np.clip(est, 0.1 * (a + c), two)), arr[:, 2], arr[:, 3]])
         if self._single_prior is not None:
             pts = np.vstack([pts, [self._single_prior[0], self._single_prior[1], self.num_steps]])
-        result = _weighted_median(pts, self.forget, self.num_steps) if len(pts) else (None, 0.0)
+        result = weighted_median(pts, self.forget, self.num_steps) if len(pts) else (None, 0.0)
         self._single_cache = (key, result)
         return result
 
@@ -397,7 +367,7 @@ class OnlineServiceModel:
         pts = list(self._pf)
         if self._pf_prior is not None:
             pts.append((self._pf_prior[0], self._pf_prior[1], self.num_steps))
-        return _weighted_median(pts, self.forget, self.num_steps) if pts else (None, 0.0)
+        return weighted_median(pts, self.forget, self.num_steps) if pts else (None, 0.0)
 
     def _per_chunk_s(self) -> float:
         a, c, _ = self._decode_coeffs()
@@ -436,16 +406,17 @@ class OnlineServiceModel:
                             ttft_overhead_s=self.ttft_overhead_s(), decode_single_s=self._single_step()[0], decode_log_s=d,
                             name="learned", source=f"learned online over {self.num_steps} steps")
 
-    def planning_model(self) -> ServiceModel | None:
+    def planning_model(self, fitted: ServiceModel | None = None) -> ServiceModel | None:
         """The model to plan capacity on: the decode step's slope at the steep end of its 90 %
         band, the line turned about the mean batch of the points it was fitted on (where the
         intercept and the slope are least correlated), so the steps at the batches seen stay as
         measured. Capacity is an extrapolation to the batch at the SLO's edge; while the fleet has
         only run small batches, the slope is barely known (at half a replica's capacity the batch
         swings between 0 and 4, and the fitted slope read 1.5-3.5 ms where the engine's was 5),
-        and planning on the mean would state capacity up to 2.5 times too high. As the batches
-        spread, the band closes and this becomes the fitted model."""
-        m = self.model()
+        and planning on the mean stated capacity up to 3 times too high. As the batches spread,
+        the band closes and this becomes the fitted model. `fitted`: self.model(), where the
+        caller has it already."""
+        m = self.model() if fitted is None else fitted
         fit = self._decode_line().fit(self.num_steps, floor_a=1e-4)
         if m is None or fit is None or not (fit.se_c > 0):
             return m
@@ -490,20 +461,6 @@ class OnlineServiceModel:
                             single_band, d_band)
 
 
-def _weighted_median(pts, forget: float, now: int) -> tuple[float, float]:
-    """(exp of the weighted median, its upper one-sigma spread) of (log value, weight, step) points
-    (rows) whose weights decay by age."""
-    arr = np.asarray(pts, dtype=float)
-    w = arr[:, 1] * forget ** (now - arr[:, 2])
-    order = np.argsort(arr[:, 0])
-    cum = np.cumsum(w[order]) / w.sum()
-
-    def q(p):
-        return float(arr[order, 0][min(len(cum) - 1, int(np.searchsorted(cum, p)))])
-    median = q(0.5)
-    return math.exp(median), max(0.0, q(0.84) - median)
-
-
 def _service_per_token(ttft_mean: float, lam: float, m1: float, m2: float) -> float | None:
     """Invert the model's prefill queue: the per-token service time k at which an M/G/1 queue of
     prompts (service P·k, Poisson arrivals at `lam`) has mean TTFT = W + E[S] = `ttft_mean`.
@@ -528,23 +485,4 @@ def _service_per_token(ttft_mean: float, lam: float, m1: float, m2: float) -> fl
     return k if k > 0 else None
 
 
-def model_from_bench(bench: dict, step_token_budget: int = 512, max_batch: int = 256,
-                     kv_capacity_tokens: float = 1e12) -> ServiceModel:
-    """A prior from `goodput bench engine --json`: step(b) fitted to its decode points, prefill
-    from its prefill run, and the fixed TTFT overhead where the result states one
-    (`ttft_overhead_s`, as `goodput demo`'s calibration does)."""
-    points = [(float(d["batch"]), float(d["step_s"])) for d in bench.get("engine_decode", [])]
-    if len(points) < 2 or "engine_prefill" not in bench:
-        raise ValueError("a bench result needs engine_decode at two or more batch sizes and engine_prefill")
-    x = np.array([b for b, _ in points])
-    y = np.array([s for _, s in points])
-    c, a = np.polyfit(x, y, 1)
-    return ServiceModel(prefill_tokens_per_s=float(bench["engine_prefill"]["tokens_per_s"]),
-                        decode_base_s=max(1e-4, float(a)), decode_per_seq_s=max(0.0, float(c)),
-                        kv_capacity_tokens=kv_capacity_tokens, max_batch=max_batch,
-                        step_token_budget=step_token_budget, ttft_overhead_s=max(0.0, float(bench.get("ttft_overhead_s", 0.0))),
-                        name="bench",
-                        source=f"goodput bench engine ({bench.get('model', '?')})")
-
-
-__all__ = ["StepObservation", "FittedParams", "OnlineServiceModel", "model_from_bench"]
+__all__ = ["FittedParams", "OnlineServiceModel"]

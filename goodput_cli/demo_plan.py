@@ -265,7 +265,7 @@ def calibrate(cfg, prompts: Callable[[int], object], mix_prompt: list[int], mix_
 
     import numpy as np
 
-    from forecaster.service_learn import model_from_bench
+    from forecaster.service_prior import model_from_bench
     from forecaster.service_model import Slo, TokenMix
 
     t0 = time.monotonic()

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from forecaster.policy import FleetSample, ForecastPolicy, PolicyConfig
-from forecaster.service_learn import OnlineServiceModel, StepObservation
+from forecaster.fleet_sample import StepObservation
+from forecaster.service_learn import OnlineServiceModel
 from forecaster.service_model import ServiceModel, Slo, TokenMix
 from forecaster.simulate.fleet import RequestFleet
 from forecaster.simulate.profiles import H100_70B, ServiceProfile
