@@ -207,7 +207,13 @@ class ForecastPolicy:
             # Planned on the steep end of the fitted step's slope (OnlineServiceModel.planning_model);
             # the latencies it forecasts come from the fitted model itself.
             planning = self.service.planning_model(model)
-            self._capacity_cache = (model, mix, max(planning.slo_capacity_rps(mix, self.slos), self.demonstrated_rps))
+            cap = planning.slo_capacity_rps(mix, self.slos)
+            # Turned about the mean batch, the planning line runs under the fitted one below it;
+            # where capacity is decided at such a batch, planning would state more than the fitted
+            # model. It never does: one extra prediction checks, a bisection only where it would.
+            if planning is not model and cap > 0 and not model.meets_slo(cap, mix, self.slos):
+                cap = model.slo_capacity_rps(mix, self.slos, hi=cap)
+            self._capacity_cache = (model, mix, max(cap, self.demonstrated_rps))
         return self._capacity_cache[2]
 
     @property

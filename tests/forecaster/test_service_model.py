@@ -672,3 +672,26 @@ def test_the_step_curve_fit_recovers_a_curve_and_keeps_its_terms_non_negative():
         straight.add(b, 0.1 + 0.01 * b, 5.0, i)
     fit = straight.fit(4)
     assert fit.d == pytest.approx(0.0, abs=1e-12) and fit.c == pytest.approx(0.01, rel=1e-6)
+
+
+def test_planning_never_states_more_capacity_than_the_fitted_model():
+    # Turned about the mean batch, the planning line runs under the fitted one at smaller batches;
+    # where the SLO's edge lies there, planning alone would state more than the fitted model (a
+    # replay of the SmolLM2 scrapes read 2 % over). The policy takes the smaller of the two.
+    profile = _decode_bound_profile()
+    mix = TokenMix.from_means(100.0, 100.0)
+    cap = profile.slo_capacity_rps(mix, [profile.slo])
+    policy = _learn_over_phases(profile, [s * cap for s in (0.2, 0.5, 0.9, 0.35, 0.7)], 240,
+                                mix.prompt_tokens, mix.output_tokens)
+    service = policy.service
+    fitted, mix = service.model(), service.mix()
+    fitted_cap = fitted.slo_capacity_rps(mix, policy.slos)
+    assert fitted.meets_slo(0.97 * fitted_cap, mix, policy.slos)
+    assert not fitted.meets_slo(1.03 * fitted_cap, mix, policy.slos)
+    # A planning line flatter than the fit (the case the pivot makes below the mean batch).
+    optimistic = replace(fitted, decode_per_seq_s=0.5 * fitted.decode_per_seq_s)
+    assert optimistic.slo_capacity_rps(mix, policy.slos) > 1.2 * fitted_cap
+    service.planning_model = lambda m=None: optimistic
+    policy._demonstrated.clear()
+    policy._capacity_cache = None
+    assert policy.capacity_rps == pytest.approx(fitted_cap, rel=1e-3)
