@@ -210,7 +210,8 @@ class ForecastPolicy:
             cap = planning.slo_capacity_rps(mix, self.slos)
             # Turned about the mean batch, the planning line runs under the fitted one below it;
             # where capacity is decided at such a batch, planning would state more than the fitted
-            # model. It never does: one extra prediction checks, a bisection only where it would.
+            # model. It never does: the fitted model is checked at the planned rate (two
+            # predictions: idle and at that rate), and bisected below it only where it misses.
             if planning is not model and cap > 0 and not model.meets_slo(cap, mix, self.slos):
                 cap = model.slo_capacity_rps(mix, self.slos, hi=cap)
             self._capacity_cache = (model, mix, max(cap, self.demonstrated_rps))

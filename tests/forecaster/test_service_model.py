@@ -684,14 +684,14 @@ def test_planning_never_states_more_capacity_than_the_fitted_model():
     policy = _learn_over_phases(profile, [s * cap for s in (0.2, 0.5, 0.9, 0.35, 0.7)], 240,
                                 mix.prompt_tokens, mix.output_tokens)
     service = policy.service
-    fitted, mix = service.model(), service.mix()
-    fitted_cap = fitted.slo_capacity_rps(mix, policy.slos)
-    assert fitted.meets_slo(0.97 * fitted_cap, mix, policy.slos)
-    assert not fitted.meets_slo(1.03 * fitted_cap, mix, policy.slos)
+    # The policy plans on the mix it learned (the sidecars' token histograms), not on `mix`.
+    fitted, learned_mix = service.model(), service.mix()
+    fitted_cap = fitted.slo_capacity_rps(learned_mix, policy.slos)
+    assert fitted.meets_slo(0.97 * fitted_cap, learned_mix, policy.slos)
+    assert not fitted.meets_slo(1.03 * fitted_cap, learned_mix, policy.slos)
     # A planning line flatter than the fit (the case the pivot makes below the mean batch).
     optimistic = replace(fitted, decode_per_seq_s=0.5 * fitted.decode_per_seq_s)
-    assert optimistic.slo_capacity_rps(mix, policy.slos) > 1.2 * fitted_cap
+    assert optimistic.slo_capacity_rps(learned_mix, policy.slos) > 1.2 * fitted_cap
     service.planning_model = lambda m=None: optimistic
-    policy._demonstrated.clear()
     policy._capacity_cache = None
     assert policy.capacity_rps == pytest.approx(fitted_cap, rel=1e-3)
