@@ -38,7 +38,7 @@ def register(registry) -> None:
                         "(gen_ai.client.operation.duration, gen_ai.client.token.usage)")
     p.add_argument("--http-server", choices=("fast", "aiohttp"), default="fast",
                    help="the HTTP server clients talk to: fast (the sidecar's own HTTP/1.1 server on asyncio "
-                        "protocols) or aiohttp (default aiohttp)")
+                        "protocols) or aiohttp (aiohttp's server; default fast)")
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
 
     b = registry.command("bench sidecar", "what the sidecar adds: open loop, beside a bare relay and LiteLLM's proxy",
