@@ -7,7 +7,8 @@
 3. Predict the queue with a fluid model stepped over the horizon,
    q(t+Δ) = max(0, q(t) + (λ̂(t) − μ_drain·N_ready(t))·Δ), counting replicas still starting.
 4. Desired replicas = the fewest whose predicted queue stays at or under the target using the
-   forecast's upper bound; never fewer than today's rate and queue need, the demand's upper
+   forecast's upper bound (its level the forecast's or the last window's mean, whichever has
+   forecast such windows better: DemandWindow); never fewer than today's rate and queue need, the demand's upper
    bound, or the floor recurring bursts shorter than the cold start need; scale down only once
    the stabilisation window agrees (seeded, as a new HPA's, with the replicas already there),
    and never below the demand's upper bound. Until a rate is known, the current count.
@@ -22,6 +23,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy.special import gammaincinv, ndtri
 
 from forecaster.bursts import burst_floor
 from forecaster.capacity import OnlineCapacity
@@ -89,6 +91,75 @@ def cumulative_upper(mean: np.ndarray, upper: np.ndarray) -> np.ndarray:
     """
     cum = np.cumsum(mean) + np.sqrt(np.cumsum((np.asarray(upper) - np.asarray(mean)) ** 2))
     return np.diff(np.concatenate([[0.0], cum]))
+
+
+class DemandWindow:
+    """The demand over the window a decision covers: which estimate of its mean rate to trust,
+    chosen by how far each one's own forecasts of that mean missed.
+
+    The planner bounds the mean arrival rate over a window ahead (the demand term's window). Two
+    estimates of that mean are kept side by side: the forecast's mean over the window
+    (`forecast`), and the mean of the last window observed (`recent`: naive at the window's
+    scale). The forecast's model is chosen by its per-step absolute errors, and at a few requests
+    a step a rolling median wins there, whose mean is one of a few values (at 1.4 arrivals a 5-s
+    step, 0, 0.2 or 0.4 req/s where the rate is 0.29); the planner needs the window's mean.
+    Every estimate is kept until its window has been observed, and scored by its absolute
+    error; the estimate with the lower mean error over the last `keep` windows is used (the
+    forecast until `min_scores` windows are in). Forecasts made from fewer points than the
+    window holds are not scored: they say how a cold start forecasts, not how this one does.
+
+    `poisson_spread` is the least spread a bound of such a mean can have: arrivals of
+    independent users vary at least as a Poisson count does.
+    """
+
+    NAMES = ("forecast", "recent")
+
+    def __init__(self, level: float, keep: int = 120, min_scores: int = 20):
+        if not 0.5 <= level < 1:
+            raise ValueError(f"level must be in [0.5, 1), got {level}")
+        self.min_scores = max(1, min_scores)
+        keep = max(self.min_scores, keep)
+        self._pending: deque[tuple[int, int, dict]] = deque()   # (first, last index, {name: mean})
+        self._errors = {name: deque(maxlen=keep) for name in self.NAMES}
+        self._made_at: int | None = None
+        self._z = float(ndtri(level))
+
+    def poisson_spread(self, mean_rate: float, seconds: float) -> float:
+        """The `level` quantile's distance from the mean of a Poisson rate's mean over `seconds`."""
+        return self._z * math.sqrt(max(0.0, mean_rate) / seconds) if seconds > 0 else 0.0
+
+    def record(self, made_at: int, first: int, last: int, estimates: dict) -> None:
+        """Estimates {name: mean}, made at step `made_at`, of the mean rate over steps first..last."""
+        if self._made_at is not None and made_at <= self._made_at:
+            return   # decided twice in one step: the first forecast stands
+        self._made_at = made_at
+        if all(math.isfinite(m) for m in estimates.values()):
+            self._pending.append((first, last, dict(estimates)))
+
+    def observe(self, last_index: int, values: np.ndarray) -> None:
+        """Scores every recorded window that `values` (ending at step `last_index`) now covers."""
+        offset = last_index - (len(values) - 1)
+        while self._pending and self._pending[0][1] <= last_index:
+            first, last, estimates = self._pending.popleft()
+            if first - offset < 0:
+                continue   # older than the history kept
+            observed = float(np.mean(values[first - offset:last - offset + 1]))
+            for name, mean in estimates.items():
+                self._errors[name].append(abs(observed - mean))
+
+    @property
+    def scores(self) -> int:
+        return len(self._errors["forecast"])
+
+    def mean_error(self, name: str) -> float:
+        errors = self._errors[name]
+        return float(np.mean(errors)) if errors else math.nan
+
+    @property
+    def chosen(self) -> str:
+        if self.scores < self.min_scores:
+            return "forecast"
+        return min(self.NAMES, key=self.mean_error)
 
 
 @dataclass
@@ -161,6 +232,8 @@ class ForecastPolicy:
         self.last_observation: StepObservation | None = None
         # Good requests per ready replica in steps where the SLO held: capacity is at least that.
         self._demonstrated: deque[float] = deque(maxlen=max(2, int(3600 / step)))
+        # The demand's window: the forecast's mean or the last window's, whichever forecasts it better.
+        self.demand_window = DemandWindow(level=(1.0 + config.interval) / 2.0)
 
     # -- inputs ---------------------------------------------------------------------------
     def observe(self, sample: FleetSample) -> None:
@@ -307,21 +380,41 @@ class ForecastPolicy:
             return Decision(held, 0.0, 0.0, 0.0, 0.0, mu, "none", reasons=("hold",))
         arrivals = self.history.rates["arrivals"]
         y = arrivals.values()
-        fc = self.selector.forecast(y, end_index=arrivals.series.last_index)
+        last_index = arrivals.series.last_index
+        fc = self.selector.forecast(y, end_index=last_index)
         H = cfg.horizon_steps
         ready = max(0, int(last.ready_replicas))
         starting = max(0, int(starting_replicas))
         q0 = max(0.0, float(last.queue_waiting)) if math.isfinite(last.queue_waiting) else 0.0
-        current = self._ready_profile(ready, starting, 0, H)
-        lam_upper_cum = cumulative_upper(fc.mean, fc.upper)
-        q_mean = self.fluid_queue(q0, fc.mean, current)[-1]
-        q_upper = self.fluid_queue(q0, lam_upper_cum, current)[-1]
 
         # Check point: when replicas ordered now are serving, plus the drain time.
         check_steps = max(H, math.ceil(cfg.cold_start_seconds / cfg.step_seconds)) + \
             math.ceil(cfg.drain_seconds / cfg.step_seconds)
         mean_ext = np.concatenate([fc.mean, np.full(max(0, check_steps - H), fc.mean[-1])])[:check_steps]
         upper_ext = np.concatenate([fc.upper, np.full(max(0, check_steps - H), fc.upper[-1])])[:check_steps]
+        # The demand's window: the mean rate over the last `drain_seconds` of the check (a queue
+        # drains within that, so shorter bursts need no replica of their own); with a horizon
+        # shorter than the drain time, the forecast is held flat past the horizon. Its mean comes
+        # from whichever estimate has forecast such windows better (DemandWindow; this
+        # forecast joins them), its spread from the per-step errors treated as independent, as in
+        # cumulative_upper, and never under a Poisson count's.
+        w = min(check_steps, max(1, math.ceil(cfg.drain_seconds / cfg.step_seconds)))
+        window = self.demand_window
+        window.observe(last_index, y)
+        forecast_mean, recent_mean = float(np.mean(mean_ext[-w:])), float(np.mean(y[-w:]))
+        if len(y) >= w:
+            window.record(last_index, last_index + check_steps - w + 1, last_index + check_steps,
+                          {"forecast": forecast_mean, "recent": recent_mean})
+        if window.chosen == "recent":
+            # The window's level from what was observed: the forecast's path shifted onto it.
+            shift = recent_mean - forecast_mean
+            mean_ext, upper_ext = np.maximum(0.0, mean_ext + shift), np.maximum(0.0, upper_ext + shift)
+        window_mean = float(np.mean(mean_ext[-w:]))
+        spread = max(float(np.sqrt(np.sum((upper_ext[-w:] - mean_ext[-w:]) ** 2)) / w),
+                     window.poisson_spread(max(window_mean, recent_mean), w * cfg.step_seconds))
+        current = self._ready_profile(ready, starting, 0, H)
+        q_mean = self.fluid_queue(q0, mean_ext[:H], current)[-1]
+        q_upper = self.fluid_queue(q0, cumulative_upper(mean_ext[:H], upper_ext[:H]), current)[-1]
         lam_upper = cumulative_upper(mean_ext, upper_ext)
         fluid_n = cfg.max_replicas
         for n in range(max(cfg.min_replicas, 0), cfg.max_replicas + 1):
@@ -331,19 +424,16 @@ class ForecastPolicy:
                 fluid_n = n
                 break
         # Never fewer than today's rate plus draining today's queue needs, nor the demand's upper bound.
-        # Today's rate: over the last two steps, less one Poisson standard deviation, so a few
-        # requests more than usual in one step at a low rate is not read as a step change, while
-        # a real one (load doubling past capacity) shows within two steps.
-        rate_now = _rate_lower_bound(y[-2:], cfg.step_seconds)
+        # Today's rate: over the last two steps, its Poisson lower bound at the level of the
+        # forecast's upper bound ((1 + interval) / 2, 95 %), so a few requests more than usual at
+        # a low rate is not read as a step change (at half a replica's capacity and 3 requests
+        # expected in the two steps, about one false alarm in 1,260 decisions), while a real one
+        # (load doubling past capacity) shows within two steps.
+        rate_now = _rate_lower_bound(y[-2:], cfg.step_seconds, (1.0 + cfg.interval) / 2.0)
         need_now = math.ceil(rate_now / mu + max(0.0, q0 - cfg.target_queue) / cfg.drain_seconds / self.drain_rps
                              - 1e-9)
-        # The demand's upper bound: of the mean rate over the last `drain_seconds` of the horizon
-        # (a queue drains within that, so shorter bursts need no replica of their own), with
-        # per-step errors treated as independent as in cumulative_upper.
-        # With a horizon shorter than the drain time, the forecast is held flat past the horizon.
-        w = min(check_steps, max(1, math.ceil(cfg.drain_seconds / cfg.step_seconds)))
-        spread = np.sqrt(np.sum((upper_ext[-w:] - mean_ext[-w:]) ** 2)) / w
-        demand_upper = float(np.mean(mean_ext[-w:]) + spread)
+        # The demand's upper bound over its window.
+        demand_upper = window_mean + spread
         demand_floor = math.ceil(demand_upper / mu - 1e-9)
         burst = self._burst_floor(y, mu)
         terms = {"queue": fluid_n, "now": need_now, "demand": demand_floor, "burst": burst}
@@ -391,13 +481,17 @@ class ForecastPolicy:
         self.selector.close()
 
 
-def _rate_lower_bound(rates: np.ndarray, step_s: float) -> float:
-    """A Poisson rate from its last few per-step rates, less one standard deviation of its count."""
+def _rate_lower_bound(rates: np.ndarray, step_s: float, confidence: float) -> float:
+    """A Poisson rate from its last few per-step rates: the exact one-sided lower confidence
+    bound of the mean of a Poisson count n (Garwood: the (1 − confidence) quantile of Gamma(n)),
+    so it holds at a few requests as at many."""
     if len(rates) == 0:
         return 0.0
     span = len(rates) * step_s
     n = max(0.0, float(np.sum(rates)) * step_s)
-    return max(0.0, n - math.sqrt(n)) / span
+    if n <= 0:
+        return 0.0
+    return float(gammaincinv(n, 1.0 - confidence)) / span
 
 
-__all__ = ["FleetSample", "PolicyConfig", "Decision", "ForecastPolicy"]
+__all__ = ["FleetSample", "PolicyConfig", "Decision", "DemandWindow", "ForecastPolicy"]

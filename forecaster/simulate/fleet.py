@@ -77,6 +77,11 @@ class FleetView:
     prefill_count: float = 0.0
     input_token_hist: dict | None = None    # {le: cumulative finished requests}, as the sidecars export
     output_token_hist: dict | None = None
+    # Tokens of the finished requests, counted when each ends, as the sidecars count them
+    # (goodput_input_tokens_total / goodput_output_tokens_total, from usage). input_tokens_total
+    # counts prompts as they arrive and output_tokens_total tokens as they are generated.
+    ended_input_tokens_total: float = 0.0
+    ended_output_tokens_total: float = 0.0
 
     @property
     def in_flight(self) -> float:
@@ -130,6 +135,8 @@ class RequestFleet:
         self._output_total = 0.0
         self._num_ids = 0
         self._input_total = 0.0
+        self._ended_input_total = 0.0
+        self._ended_output_total = 0.0
         self._good_total = 0
         self._finished_total = 0
         self._dropped_total = 0
@@ -289,6 +296,8 @@ class RequestFleet:
                 tpot = (self._t_done[i] - self._t_first[i]) / (out[i] - 1) if out[i] > 1 else 0.0
                 good = ttft <= slo.ttft_s and tpot <= slo.tpot_s
                 self._ttft_sum += ttft
+                self._ended_input_total += prompt[i]
+                self._ended_output_total += out[i]
                 self._in_hist[bisect_left(TOKEN_BUCKETS, prompt[i])] += 1
                 self._out_hist[bisect_left(TOKEN_BUCKETS, out[i])] += 1
                 if out[i] > 1:
@@ -358,6 +367,7 @@ class RequestFleet:
             engine_steps_total=self._steps_total, queue_sum=self._queue_sum, prefill_sum=self._prefill_sum,
             prefill_count=float(self._prefill_count),
             input_token_hist=_cumulative(self._in_hist), output_token_hist=_cumulative(self._out_hist),
+            ended_input_tokens_total=self._ended_input_total, ended_output_tokens_total=self._ended_output_total,
         )
 
     @property

@@ -203,8 +203,10 @@ class Goodput(Policy):
         from forecaster.fleet_sample import FleetSample
 
         self.forecaster.observe(FleetSample(
-            t=view.t, arrivals_total=view.arrivals_total, input_tokens_total=view.input_tokens_total,
-            output_tokens_total=view.output_tokens_total, in_flight=view.in_flight,
+            t=view.t, arrivals_total=view.arrivals_total,
+            # As the sidecars count them: when each request ends (the mix's means divide by those).
+            input_tokens_total=view.ended_input_tokens_total, output_tokens_total=view.ended_output_tokens_total,
+            in_flight=view.in_flight,
             queue_waiting=view.waiting, running=view.running, kv_cache_usage=view.kv_usage,
             preemptions_total=0.0, ready_replicas=view.ready, good_total=view.good_total,
             ended_total=view.finished_total, ttft_sum_total=view.ttft_sum, ttft_count_total=view.finished_total,

@@ -8,7 +8,8 @@ import pytest
 
 from forecaster.bursts import burst_floor, poisson_quantile, shortfall_replicas
 from forecaster.capacity import OnlineCapacity, load_sweep_capacity
-from forecaster.policy import Decision, FleetSample, ForecastPolicy, PolicyConfig, cumulative_upper
+from forecaster.policy import (Decision, DemandWindow, FleetSample, ForecastPolicy, PolicyConfig, _rate_lower_bound,
+                              cumulative_upper)
 
 
 def sample(t, arrivals, queue=0.0, ready=1, in_flight=0.0, good=None):
@@ -95,6 +96,47 @@ def test_cumulative_upper_grows_with_the_root_of_steps():
     cum = np.cumsum(cumulative_upper(mean, upper))
     # Four independent ±2 errors: the bound of the sum is 40 + 2·√4 = 44, not 48.
     assert cum.tolist() == pytest.approx([12.0, 20 + 2 * math.sqrt(2), 30 + 2 * math.sqrt(3), 44.0])
+
+
+def test_todays_rate_bound_holds_at_a_few_requests_as_at_many():
+    # The `now` term's lower bound of today's rate (two 5-s steps) must stay under the true rate
+    # 95 % of the time whatever the count, or a few requests more than usual at a low rate read
+    # as a step change. (Less one standard deviation, the rule before, covers 91.6 % at 3 requests
+    # expected and 84 % at many.)
+    rng = np.random.default_rng(11)
+    for rate in (0.1, 0.3, 1.0, 4.0, 20.0):
+        counts = rng.poisson(rate * 10.0, 20_000)
+        bounds = np.array([_rate_lower_bound(np.array([c / 10.0, 0.0]) * 1.0, 5.0, 0.95) for c in counts])
+        assert np.mean(bounds <= rate) >= 0.95 - 0.006, rate
+    # ...and a real doubling past capacity shows: 2x a 1.875 req/s replica, over two steps.
+    assert _rate_lower_bound(np.array([3.75, 3.75]), 5.0, 0.95) > 1.875
+
+
+def test_demand_window_trusts_the_estimate_that_forecast_its_windows_better():
+    # A Poisson stream at 0.29 req/s in 5-s steps (1.45 arrivals a step); one estimate of the next
+    # minute's mean is a median's (0.2, always low), the other the last minute's mean.
+    rng = np.random.default_rng(3)
+    y = rng.poisson(0.29 * 5.0, 400) / 5.0
+    window = DemandWindow(level=0.95)
+    w, ahead = 12, 18
+    for k in range(w, 400):
+        window.observe(k, y[:k + 1])
+        window.record(k, k + ahead - w + 1, k + ahead, {"forecast": 0.2, "recent": float(np.mean(y[k - w + 1:k + 1]))})
+        window.record(k, k + 1, k + 2, {"forecast": 9.0, "recent": 9.0})   # decided twice in a step: ignored
+        if window.scores < window.min_scores:
+            assert window.chosen == "forecast"   # until enough windows have been seen
+    assert window.scores == 120 and window.chosen == "recent"   # the last 120 windows scored are kept
+    assert window.mean_error("recent") < window.mean_error("forecast")
+    # An unbiased forecast (the true mean) beats the noisy last window.
+    fair = DemandWindow(level=0.95)
+    for k in range(w, 400):
+        fair.observe(k, y[:k + 1])
+        fair.record(k, k + ahead - w + 1, k + ahead, {"forecast": 0.29, "recent": float(np.mean(y[k - w + 1:k + 1]))})
+    assert fair.chosen == "forecast"
+    # The least spread of a window's mean: a Poisson count's (1.645·√(λ/T) at 95 %).
+    assert window.poisson_spread(0.29, 60.0) == pytest.approx(1.6449 * math.sqrt(0.29 / 60.0), rel=1e-3)
+    with pytest.raises(ValueError):
+        DemandWindow(level=1.0)
 
 
 def test_config_errors_say_what_to_change():
