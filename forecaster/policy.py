@@ -230,8 +230,9 @@ class ForecastPolicy:
         self._prev_in_flight: tuple[float, float] | None = None
         self._capacity_cache: tuple | None = None
         self.last_observation: StepObservation | None = None
-        # Good requests per ready replica in steps where the SLO held: capacity is at least that.
-        self._demonstrated: deque[float] = deque(maxlen=max(2, int(3600 / step)))
+        # Per step, per ready replica: good requests/s where the SLO held (else 0), arrivals/s, and
+        # requests in flight at its end. Capacity is at least what a window of them sustained.
+        self._demonstrated: deque[tuple[float, float, float]] = deque(maxlen=max(2, int(3600 / step)))
         # The demand's window: the forecast's mean or the last window's, whichever forecasts it better.
         self.demand_window = DemandWindow(level=(1.0 + config.interval) / 2.0)
 
@@ -261,10 +262,10 @@ class ForecastPolicy:
                 self._capacity_cache = None
                 good = delta(prev.good_total, sample.good_total)
                 target = self._target_ratio()
-                if good is not None and obs.ended > 0 and good >= target * obs.ended:
-                    self._demonstrated.append(good / obs.dt / obs.replicas)
-                else:
-                    self._demonstrated.append(0.0)
+                held = good is not None and obs.ended > 0 and good >= target * obs.ended
+                in_flight = sample.in_flight / obs.replicas if math.isfinite(sample.in_flight) else math.inf
+                self._demonstrated.append((good / obs.dt / obs.replicas if held else 0.0,
+                                           obs.arrival_rps / obs.replicas, in_flight))
 
     def _slo_capacity(self) -> float | None:
         """Requests/s one replica serves while every SLO class meets its objectives, for the
@@ -292,13 +293,26 @@ class ForecastPolicy:
 
     @property
     def demonstrated_rps(self) -> float:
-        """The highest rate one replica served with the SLO holding, as a mean over the drain time
-        (so a lucky step does not count), over the last hour."""
-        vals = np.asarray(self._demonstrated)
-        w = max(1, math.ceil(self.config.drain_seconds / self.config.step_seconds))
-        if len(vals) < w:
+        """The highest rate one replica sustained with the SLO holding, over the last hour: the
+        mean over the drain time (so a lucky step does not count) of the good requests it served,
+        and no more than the requests that arrived, in windows that left no more in flight than
+        they found. A window in which load builds up (the batch growing past what the replica
+        sustains, the requests ending in it still judged good because they began before) serves
+        a rate it cannot keep: in a simulated step to twice a replica's capacity such windows
+        read 1.5x the capacity."""
+        if not self._demonstrated:
             return 0.0
-        return float(np.convolve(vals, np.ones(w) / w, mode="valid").max())
+        good, arrived, in_flight = (np.asarray(x) for x in zip(*self._demonstrated))
+        w = max(1, math.ceil(self.config.drain_seconds / self.config.step_seconds))
+        if len(good) < w + 1:
+            return 0.0
+        kernel = np.ones(w) / w
+        # Windows from the second step on, each against what the step before it left in flight.
+        served = np.convolve(good, kernel, mode="valid")[1:]
+        came = np.convolve(arrived, kernel, mode="valid")[1:]
+        steady = in_flight[w:] <= in_flight[:-w]
+        rates = np.minimum(served, came)[steady]
+        return float(rates.max()) if len(rates) else 0.0
 
     @property
     def capacity_source(self) -> str:
