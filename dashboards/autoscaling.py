@@ -46,6 +46,12 @@ def build():
                            "current token mix (the learned service model; or configured)."),
         single("Forecast model", [Query(f"max by (model_name) ({m('goodput_forecast_model_info')})", "{{model_name}}")],
                "short", text_name=True, description="The forecast model the forecaster selected (its own level model or a statsmodels one)."),
+        single("Demand estimate", [Query(f"max by (estimate) ({m('goodput_forecast_demand_estimate_info')})",
+                                         "{{estimate}}")],
+               "short", text_name=True,
+               description="Where the mean demand the replicas are planned on comes from: the forecast, or the "
+                           "last window observed, whichever forecast such windows better "
+                           "(each one scored on the windows that have ended)."),
     ]
     forecast = [
         series("Queue depth: actual vs forecast", [

@@ -84,6 +84,8 @@ _FORECASTER = [
     Metric("goodput_observed_replicas", "gauge", (), "forecaster"),
     Metric("goodput_replica_capacity_requests_per_second", "gauge", (), "forecaster"),
     Metric("goodput_forecast_model_info", "gauge", ("model_name",), "forecaster"),
+    # The demand window's mean (forecaster/demand.py): which estimate it came from.
+    Metric("goodput_forecast_demand_estimate_info", "gauge", ("estimate",), "forecaster"),
     # The service model (forecaster/service_model.py), learned online, and what it predicts.
     Metric("goodput_forecast_ttft_seconds", "gauge", ("horizon_seconds", "bound", "slo_class"), "forecaster"),
     Metric("goodput_forecast_tpot_seconds", "gauge", ("horizon_seconds", "bound", "slo_class"), "forecaster"),

@@ -100,6 +100,9 @@ class Decision:
     cold_start_s: float = 0.0        # the cold start the decision assumed (configured or learned)
     service: object | None = None    # service_learn.FittedParams when learned
     reasons: tuple = ()              # which terms set desired_replicas
+    # The demand window's mean came from this estimate (demand.DemandWindow: "forecast" or
+    # "recent", whichever has forecast the windows that have ended better).
+    demand_estimate: str = "forecast"
 
 
 @dataclass
@@ -378,7 +381,7 @@ class ForecastPolicy:
         return Decision(int(desired), float(q_mean), float(q_upper), float(fc.mean[-1]), float(fc.upper[-1]),
                         float(mu), fc.model_name, ttft_s=ttft, tpot_s=tpot, capacity_source=self.capacity_source,
                         cold_start_s=cfg.cold_start_seconds,
-                        service=self.service.params(), reasons=reasons)
+                        service=self.service.params(), reasons=reasons, demand_estimate=window.chosen)
 
     def _burst_floor(self, y: np.ndarray, mu: float) -> int:
         """Replicas for recurring bursts shorter than the cold start (forecaster/bursts.py)."""

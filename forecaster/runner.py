@@ -103,10 +103,12 @@ class Runner:
         self.state.publish(decision, sample.ready_replicas, self.scorer.scores)
         self.num_steps += 1
         status = self.policy.selector.status
-        log.info("desired=%d (%s) ready=%d rate=%.2f/%.2f queue@h=%.1f/%.1f capacity=%.2f (%s) model=%s%s",
+        log.info("desired=%d (%s) ready=%d rate=%.2f/%.2f queue@h=%.1f/%.1f capacity=%.2f (%s) model=%s "
+                 "demand=%s%s",
                  decision.desired_replicas, "+".join(decision.reasons), sample.ready_replicas,
                  decision.arrival_rate_mean, decision.arrival_rate_upper, decision.queue_depth_mean,
                  decision.queue_depth_upper, decision.capacity_rps, decision.capacity_source, decision.model_name,
+                 decision.demand_estimate,
                  f" ({status.last_error})" if status.source != "fit" and status.last_error else "")
         return decision
 

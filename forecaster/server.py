@@ -108,6 +108,11 @@ class ForecastCollector:
                                  labels=["model_name"])
         info.add_metric([d.model_name], 1.0)
         yield info
+        demand = GaugeMetricFamily("goodput_forecast_demand_estimate_info", "Which estimate gave the mean demand "
+                                   "the replicas are planned on: the forecast or the last window observed",
+                                   labels=["estimate"])
+        demand.add_metric([d.demand_estimate], 1.0)
+        yield demand
         yield from _latency_families(d, h)
         yield from _service_families(d)
         if p.scores:

@@ -50,8 +50,8 @@ def test_contract_lists_every_design_metric_once():
     # goodput_replica_decode_step_base_seconds, once the one-sequence step was learned apart, and
     # its concave part, goodput_replica_decode_step_log_seconds.
     assert len(contract.by_source("sidecar")) == 42
-    assert len(contract.by_source("forecaster")) == 22
-    assert len(contract.METRICS) == 64
+    assert len(contract.by_source("forecaster")) == 23
+    assert len(contract.METRICS) == 65
 
 
 def test_contract_outcomes_are_the_sidecars():

@@ -119,4 +119,4 @@ def test_every_dashboard_query_is_valid_promql(tmp_path):
     # autoscaling dashboard's latency-forecast and service-model rows (23 with the batched curve's fixed
     # and concave parts), 14 for admission (shed by reason; predicted TTFT and TPOT, 4 each; their errors, 2 each),
     # 4 for the token mix.
-    assert f"SUCCESS: {len(records)} rules found" in proc.stdout and len(records) == 111
+    assert f"SUCCESS: {len(records)} rules found" in proc.stdout and len(records) == 112

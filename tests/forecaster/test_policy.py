@@ -42,6 +42,8 @@ def test_desired_replicas_rise_ahead_of_a_demand_ramp():
     # forecast must, nearly always (a step or two of lag where noise hides the slope).
     assert reactive_covered == 0
     assert covered >= 0.8 * checked, (covered, checked)
+    # The estimate the demand window's mean came from, as the forecaster exports it.
+    assert policy.demand_window.scores > 0 and d.demand_estimate == policy.demand_window.chosen
     policy.close()
 
 

@@ -21,7 +21,7 @@ from forecaster.tls import self_signed, server_context
 from tests.support import free_port
 
 DECISION = Decision(desired_replicas=7, queue_depth_mean=12.5, queue_depth_upper=40.0, arrival_rate_mean=9.25,
-                    arrival_rate_upper=11.0, capacity_rps=1.5, model_name="level")
+                    arrival_rate_upper=11.0, capacity_rps=1.5, model_name="level", demand_estimate="recent")
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +110,7 @@ def test_metrics_endpoint_has_the_design_metrics(servers):
     assert samples[("goodput_observed_replicas", ())] == 5
     assert samples[("goodput_replica_capacity_requests_per_second", ())] == 1.5
     assert samples[("goodput_forecast_model_info", (("model_name", "level"),))] == 1
+    assert samples[("goodput_forecast_demand_estimate_info", (("estimate", "recent"),))] == 1
 
 
 def test_quantity_and_bad_selector():
