@@ -45,7 +45,7 @@ def build():
                description="Requests/s one replica serves while every SLO class meets its objectives, for the "
                            "current token mix (the learned service model; or configured)."),
         single("Forecast model", [Query(f"max by (model_name) ({m('goodput_forecast_model_info')})", "{{model_name}}")],
-               "short", text_name=True, description="The forecast model the forecaster selected (its own level model or a statsmodels one)."),
+               "short", text_name=True, description="What made the forecast: the pool members averaged (e.g. ewma0.3+median40), or a fitted model (level, holt_winters, arima) that beat them."),
         single("Demand estimate", [Query(f"max by (estimate) ({m('goodput_forecast_demand_estimate_info')})",
                                          "{{estimate}}")],
                "short", text_name=True,

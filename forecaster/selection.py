@@ -5,13 +5,15 @@
   refused at once (FitBusy) instead of piling up behind it.
 - `ModelSelector` forecasts one series. At EVERY call it scores its built-in pool (naive,
   smoothed levels, rolling medians, damped trends: forecaster/pool.py) on the last `window`
-  origins at the decision horizon and applies the switching rule of forecaster/online.py
-  (never keep a model that loses to naive, nor a trend that loses to the smoothed level; else
-  switch only for a `margin` better one). Fitted candidates passed in (`level`, `holt_winters`,
+  origins at the decision horizon, and forecasts with the average of the two best members
+  that score under naive (the single best while a ramp is under way):
+  `online.combination_weights`. Fitted candidates passed in (`level`, `holt_winters`,
   `arima`, ...) are scored every `reselect_every` calls by refitting at `num_origins` recent
-  origins, against the pool on the same origins, by the same rule. A pool member's intervals are
-  split-conformal on its own recent errors per step; `forecast_window` gives the mean rate over a
-  window of steps and a calibrated quantile of its peak. A fitted model that raises, overruns or
+  origins, against the pool's forecast on the same origins, by the switching rule of
+  forecaster/online.py (a fitted model replaces the pool only for a `margin` better score, and
+  is dropped for it once it scores worse). The pool's intervals are split-conformal on its own
+  recent errors per step (the errors of the averages it served); `forecast_window` gives the
+  mean rate over a window of steps and a calibrated quantile of its peak. A fitted model that raises, overruns or
   returns NaN falls back to the last good fit (shifted by the steps since), then to naive.
 """
 
@@ -26,12 +28,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from forecaster.models import Fitted, Forecast, HistoryMean, Model, Naive
-from forecaster.online import (MIN_ORIGINS, choose, conformal_quantile, origins_for, pinball_loss, pool_scores,
-                               step_bounds,
-                               window_actuals, window_predictions)
+from forecaster.online import (MIN_ORIGINS, choose, combination_weights, conformal_quantile, origins_for,
+                               pinball_loss, step_bounds, window_actuals, window_predictions)
 from forecaster.pool import IS_TREND, NAMES, REFERENCE, Backcast, backcast, index_of
 
 WARM = 3  # the pool's filters start on the first point; their first forecasts are not scored
+POOL = "pool"  # the selector's state while the pool's average forecasts (not a fitted candidate)
 
 
 class FitTimeout(Exception):
@@ -128,9 +130,11 @@ class ModelSelector:
         self.calibration_window = 2 * self.window
         # A last good fit is usable while it has forecasts left for the whole horizon.
         self.stale_steps = stale_steps if stale_steps is not None else 2 * steps
-        # Until MIN_ORIGINS origins can be scored: naive, the reactive signal (nothing known yet
-        # says a smoothed level or a trend would do better on this series).
-        self.chosen = "naive" if pool else candidates[0].name
+        # The pool forecasts unless a fitted candidate has won; until MIN_ORIGINS origins can be
+        # scored the pool's average is naive, the reactive signal (nothing known yet says a
+        # smoothed level or a trend would do better on this series).
+        self.chosen = POOL if pool else candidates[0].name
+        self.members: tuple[str, ...] = ("naive",)   # the pool members averaged at the last call
         self._window_chosen: dict[tuple[int, int], tuple[str, str]] = {}  # (start, end) -> (mean, peak)
         self._calls = 0
         self._last_good: tuple[Fitted, int] | None = None  # fitted, end index when fitted
@@ -142,9 +146,6 @@ class ModelSelector:
         self._selecting = None
 
     # -- choosing ----------------------------------------------------------------------------
-    def _complex(self) -> set[str]:
-        return {n for n, trend in zip(NAMES, IS_TREND) if trend} | set(self.candidates)
-
     def _switch(self, new: str) -> None:
         if new != self.chosen:
             self.status.num_switches += 1
@@ -175,24 +176,21 @@ class ModelSelector:
             t = np.asarray(origins) - 1 - (n - bc.n)  # the last point each refit saw, in bc's index
             t = t[t >= 0]
             if len(t):
-                errs = np.abs(bc.y[t + h][None, :] - bc.predict(h)[:, t]).mean(axis=1)
-                scores.update(dict(zip(NAMES, map(float, errs))))
+                pred = (self._weights(bc) * bc.predict(h)).sum(axis=0)
+                scores[POOL] = float(np.abs(bc.y[t + h] - pred[t]).mean())
         return scores
 
     def select(self, y: np.ndarray) -> str:
-        """Scores the fitted candidates (and the pool on their origins) and applies the rule."""
+        """Scores the fitted candidates (and the pool on their origins) and applies the rule: the
+        pool is the home state (the `naive` of `choose`), a fitted model must beat it by `margin`."""
         y = np.asarray(y, dtype=float)
         scores = self.fitted_scores(y)
-        self._switch(choose(self.chosen, scores, self.margin, self._complex(), reference=REFERENCE))
+        home = POOL if self.pool else "naive"
+        self._switch(choose(self.chosen, scores, self.margin, set(self.candidates), naive=home))
         return self.chosen
 
-    def _apply_pool_rule(self, bc: Backcast) -> None:
-        if self.chosen in self.candidates:
-            return  # a fitted model is re-judged with the fitted candidates' scores
-        scores = pool_scores(bc, self.steps, self.window, WARM)
-        if scores is not None:
-            self._switch(choose(self.chosen, dict(zip(NAMES, map(float, scores))), self.margin,
-                                self._complex(), reference=REFERENCE))
+    def _weights(self, bc: Backcast) -> np.ndarray:
+        return combination_weights(bc, self.steps, self.window, WARM, IS_TREND, index_of(REFERENCE), self.margin)
 
     # -- forecasting ---------------------------------------------------------------------------
     def forecast(self, y: np.ndarray, end_index: int | None = None) -> Forecast:
@@ -214,11 +212,13 @@ class ModelSelector:
             elif self._selecting is None or self._selecting.done():
                 self._selecting = self._select_pool.submit(self.select, y.copy())
         self._calls += 1
+        weights = None
         if bc is not None:
-            self._apply_pool_rule(bc)
+            weights = self._weights(bc)
         self.status.chosen = self.chosen
-        if self.chosen in NAMES and bc is not None:
-            fc = self._pool_forecast(bc, self.chosen)
+        if self.chosen == POOL and bc is not None:
+            fc = self._pool_forecast(bc, weights)
+            self.status.chosen = fc.model_name
             self.status.source = "pool"
             self.status.last_fit_seconds = time.perf_counter() - started
             return fc
@@ -238,11 +238,21 @@ class ModelSelector:
         self.status.source = "fit"
         return fc
 
-    def _pool_forecast(self, bc: Backcast, name: str) -> Forecast:
-        i = index_of(name)
-        mean = bc.path(i, self.steps)
-        lower, upper, _ = step_bounds(bc, i, self.steps, self.calibration_window, WARM, self.interval, mean)
-        return Forecast(mean, np.maximum(lower, 0.0), upper, name)
+    def _pool_forecast(self, bc: Backcast, weights: np.ndarray) -> Forecast:
+        now = weights[:, -1]
+        used = np.flatnonzero(now)
+        members = tuple(NAMES[i] for i in used)
+        if members != self.members:
+            self.status.num_switches += 1
+            self.members = members
+        mean = np.sum([now[i] * bc.path(i, self.steps) for i in used], axis=0)
+        # Calibrated on what these members, averaged so, would have erred at every recent origin
+        # (as a single member is calibrated on its own errors), not only where they were chosen:
+        # at a few arrivals a step, the errors of the few origins since they were would put the
+        # bound at the largest of a handful.
+        fixed = np.repeat(now[:, None], bc.n, axis=1)
+        lower, upper, _ = step_bounds(bc, fixed, self.steps, self.calibration_window, WARM, self.interval, mean)
+        return Forecast(mean, np.maximum(lower, 0.0), upper, "+".join(members))
 
     def forecast_window(self, y: np.ndarray, end_index: int | None = None, start_step: int = 1,
                         end_step: int | None = None, quantile: float = 0.9) -> WindowForecast:

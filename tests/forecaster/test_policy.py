@@ -59,7 +59,7 @@ def test_steady_load_needs_rate_over_capacity_and_no_more_than_its_upper_bound()
     # (±0.6 req/s) may add one, never more.
     assert d.desired_replicas in (4, 5), d
     assert 7.5 < d.arrival_rate_mean < 8.5 and d.arrival_rate_upper > d.arrival_rate_mean
-    assert d.capacity_rps == 2.0 and d.model_name == "level"
+    assert d.capacity_rps == 2.0 and d.model_name == policy.selector.status.chosen
     policy.close()
 
 
