@@ -35,11 +35,13 @@ from goodput_cli.procs import ServerProcess, goodput_command
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def sidecar(port: int, upstream: str, classes: list[dict], folder: Path, name: str) -> ServerProcess:
+def sidecar(port: int, upstream: str, classes: list[dict], folder: Path, name: str,
+            log_level: str = "warning") -> ServerProcess:
     path = folder / f"slo-{name}.yaml"
     path.write_text(yaml.safe_dump({"classes": classes, "rules": [{"header": "x-slo-class"}]}, sort_keys=False))
     return ServerProcess(goodput_command("sidecar", "run", "--upstream", upstream, "--port", str(port),
-                                         "--slo-config", str(path), "--engine-metrics-interval", "0"),
+                                         "--slo-config", str(path), "--engine-metrics-interval", "0",
+                                         "--log-level", log_level),
                          f"http://127.0.0.1:{port}/healthz", timeout=60, name=f"sidecar-{name}")
 
 
@@ -114,6 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="float32", help="the engine's --dtype (pinned like the demo's: the knee depends on it)")
     p.add_argument("--port", type=int, default=18600)
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "admission")
+    p.add_argument("--only-classes", action="store_true",
+                   help="skip the off/on sweep: only the two-class runs (its report goes to classes.md)")
+    p.add_argument("--class-mixes", default="high=1,low=1",
+                   help="';'-separated --class-mix weights for the two-class runs at 2x the knee, run in this order")
+    p.add_argument("--repeats", type=int, default=1, help="two-class runs per mix (seeds seed, seed+10, ...)")
+    p.add_argument("--decision-log", action="store_true",
+                   help="run the two-class sidecar at --log-level debug and keep its log (every refusal and "
+                        "finished stream, predicted beside measured) as OUT/two-classes-decisions.log")
     args = p.parse_args(argv)
     args.load_before = os.getloadavg()[0]
     print(f"load average {args.load_before:.2f} (a latency measurement: run it alone)", flush=True)
@@ -135,34 +145,83 @@ def main(argv: list[str] | None = None) -> int:
         common = ["--input-tokens", str(args.input_tokens), "--output-tokens", str(args.output_tokens),
                   "--slo-ttft", str(args.slo_ttft), "--slo-tpot", str(args.slo_tpot), "--seed", str(args.seed),
                   "--quiet", *(["--tokenizer", str(tok)] if tok else [])]
-        servers.append(sidecar(args.port + 1, engine_url, [{"name": "interactive", **base}], args.out, "off"))
-        servers.append(sidecar(args.port + 2, engine_url, [{"name": "interactive", **base, **guard}], args.out, "on"))
+        if not args.only_classes:
+            servers.append(sidecar(args.port + 1, engine_url, [{"name": "interactive", **base}], args.out, "off"))
+            servers.append(sidecar(args.port + 2, engine_url, [{"name": "interactive", **base, **guard}], args.out, "on"))
         servers.append(sidecar(args.port + 3, engine_url, [{"name": "high", **base, **guard, "priority": 1},
-                                                           {"name": "low", **base, **guard, "priority": 0}], args.out, "two"))
-        run(goodput_command("sweep", "--compare", f"off={urls['off']},on={urls['on']}", "--rates", rates,
-                            "--duration", str(args.duration), "--out", str(args.out / "sweep"), *common))
-        two = args.out / "two-classes.json"
+                                                           {"name": "low", **base, **guard, "priority": 0}], args.out, "two",
+                               log_level="debug" if args.decision_log else "warning"))
+        if not args.only_classes:
+            run(goodput_command("sweep", "--compare", f"off={urls['off']},on={urls['on']}", "--rates", rates,
+                                "--duration", str(args.duration), "--out", str(args.out / "sweep"), *common))
         # A deployed guard has long learned its engine; this fresh sidecar learns first (unrecorded)
         # at half the knee and at the knee, as the "on" one did on the sweep's rates below 2x: the
         # TPOT term's step line needs to have seen the batches the knee makes, not only small ones.
         # (Their own seeds, so their prompts are not in the prefix cache when the measured run sends them.)
+        mixes = [m.strip() for m in args.class_mixes.split(";") if m.strip()]
         for i, (rate, n) in enumerate(((args.knee / 2, 24), (args.knee, max(20, round(args.knee * args.duration / 2)))), 1):
             run(goodput_command("load", "--url", urls["two"], "--rate", f"{rate:g}", "--num-requests", str(n),
-                                "--class-mix", "high=1,low=1", *common, "--seed", str(args.seed + i)))
+                                "--class-mix", mixes[0], *common, "--seed", str(args.seed + i)))
         count = max(20, round(2 * args.knee * args.duration * 2))
-        run(goodput_command("load", "--url", urls["two"], "--rate", f"{2 * args.knee:g}", "--num-requests", str(count),
-                            "--class-mix", "high=1,low=1", "--json", str(two), *common))
-        errors = {objective: {"on": error_quantiles(urls["on"], objective), "two": error_quantiles(urls["two"], objective)}
+        runs = []   # (mix, repeat, path, load average before)
+        for r in range(args.repeats):
+            # Mixes alternate their order between repeats, so none always runs on the warmest guard.
+            for mix in (mixes if r % 2 == 0 else mixes[::-1]):
+                single = len(mixes) == 1 and args.repeats == 1
+                path = args.out / ("two-classes.json" if single else
+                                   f"two-classes-{mix.replace('=', '').replace(',', '-')}-r{r}.json")
+                runs.append((mix, r, path, os.getloadavg()[0]))
+                seed = ["--seed", str(args.seed + 10 * r)] if r else []
+                run(goodput_command("load", "--url", urls["two"], "--rate", f"{2 * args.knee:g}", "--num-requests",
+                                    str(count), "--class-mix", mix, "--json", str(path), *common, *seed))
+        two = runs[0][2]
+        sidecars = ("two",) if args.only_classes else ("on", "two")
+        errors = {objective: {name: error_quantiles(urls[name], objective) for name in sidecars}
                   for objective in ("ttft", "tpot")}
-        reasons = {"on": shed_reasons(urls["on"]), "two": shed_reasons(urls["two"])}
+        reasons = {name: shed_reasons(urls[name]) for name in sidecars}
     finally:
         for server in reversed(servers):
             server.stop()
+        if args.decision_log and len(servers) > 1:
+            (args.out / "two-classes-decisions.log").write_text(servers[-1].log())
     args.load_after = os.getloadavg()[0]
+    if args.only_classes:
+        report = write_classes_report(args, runs, errors, reasons)
+        print(report)
+        return 0
     report = write_report(args, json.loads((args.out / "sweep" / "sweep.json").read_text()),
                           json.loads(two.read_text()), errors, reasons)
     print(report)
     return 0
+
+
+def write_classes_report(args, runs, errors: dict, reasons: dict) -> str:
+    """classes.md: every two-class run at 2x the knee, per class."""
+    lines = ["# Goodput guard: two priority classes at 2x the knee\n",
+             f"`python scripts/admission_sweep.py {' '.join(sys.argv[1:])}`".rstrip() + "\n",
+             f"SLO TTFT {args.slo_ttft} s, TPOT {args.slo_tpot} s for both classes; admission_margin {args.margin}; "
+             f"knee {args.knee:g} req/s, offered {2 * args.knee:g} req/s; engine --dtype {args.dtype}; one sidecar "
+             f"(high priority 1, low 0) for every run, after unrecorded runs at 0.5x and 1x the knee. 1-minute load "
+             f"average {args.load_before:.2f} at the start, {args.load_after:.2f} at the end.\n",
+             "| mix high:low | repeat | load avg | class | offered req/s | requests | good | shed | attainment | admitted attainment |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for mix, r, path, load in runs:
+        result = json.loads(path.read_text())
+        weights = dict(part.split("=") for part in mix.split(","))
+        total = sum(float(w) for w in weights.values())
+        for name, c in result.get("by_class", {}).items():
+            share = float(weights.get(name, 0)) / total
+            lines.append(f"| {mix} | {r} | {load:.2f} | {name} | {2 * args.knee * share:.2f} | {c['requests']} | "
+                         f"{c['good']} | {c['shed']} | {c['attainment'] * 100:.1f} % | {c['admitted_attainment'] * 100:.1f} % |")
+    for objective, by_sidecar in errors.items():
+        for cls, e in sorted(by_sidecar.get("two", {}).items()):
+            lines.append(f"\n{objective.upper()} prediction error, class {cls}: {e['count']} checked, "
+                         f"p50 {e['p50'] * 1000:.0f} ms, p90 {e['p90'] * 1000:.0f} ms")
+    for cls, r in sorted(reasons.get("two", {}).items()):
+        lines.append(f"\nshed (whole life, warm-up included), class {cls}: ttft {r.get('ttft', 0)}, tpot {r.get('tpot', 0)}")
+    text = "\n".join(lines) + "\n"
+    (args.out / "classes.md").write_text(text)
+    return text
 
 
 def write_report(args, sweep: dict, two: dict, errors: dict, reasons: dict) -> str:

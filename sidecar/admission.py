@@ -46,6 +46,7 @@ MIN_SAMPLES streams have finished: a guess is not a reason to refuse.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import deque
 from statistics import NormalDist
@@ -57,6 +58,10 @@ from sidecar.slo import SloClass
 from sidecar.timing import RequestTiming, StreamTimer
 
 __all__ = ["Admission", "Checked", "ServiceEstimate", "Ticket", "prompt_chars"]
+
+# `goodput sidecar run --log-level debug`: one line per refusal and per finished admitted stream
+# (what was predicted at its arrival beside what it met), to see why a guard sheds what it sheds.
+log = logging.getLogger("goodput.sidecar.admission")
 
 CHARS_PER_TOKEN = 4.0       # a first guess for English BPE text; learned from usage afterwards
 MIN_SAMPLES = 16            # measured streamed requests before the guard may shed
@@ -226,6 +231,11 @@ class Admission:
         ticket.reason = reason
         ticket.retry_after = max(1, math.ceil(wait))
         ticket.detail = f"the server is at capacity: {why}; retry after {ticket.retry_after} s"
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("shed class=%s reason=%s join=%d predicted_tpot=%s tpot_threshold=%.3f "
+                      "batch_limit=%s predicted_ttft=%s ttft_threshold=%s", ticket.slo.name if ticket.slo else None,
+                      reason, ticket.join_batch, _fmt(ticket.predicted_tpot), ticket.tpot_threshold or 0.0,
+                      _fmt(ticket.batch_limit), _fmt(ticket.predicted_ttft), _fmt(ticket.threshold))
         return ticket
 
     def _reserve(self, above: tuple[str, ...], now: float) -> float:
@@ -273,6 +283,12 @@ class Admission:
             self.estimate.observe_decode(timing.tpot, batch, prefilled / max(1, timing.output_tokens - 1))
             if ticket.predicted_tpot is not None:
                 tpot_error = abs(ticket.predicted_tpot - timing.tpot)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("done class=%s join=%d predicted_tpot=%s measured_tpot=%s mean_batch=%s "
+                      "predicted_ttft=%s measured_ttft=%.3f step=%s", ticket.slo.name if ticket.slo else None,
+                      ticket.join_batch, _fmt(ticket.predicted_tpot), _fmt(timing.tpot),
+                      _fmt(decode[0] if decode else None), _fmt(ticket.predicted_ttft), timing.ttft,
+                      "%.4f+%.4f*B" % self.estimate.step_line())
         ttft_error = None
         if ticket.predicted_ttft is not None:
             self._learn_error(timing.ttft - ticket.predicted_ttft)
@@ -338,6 +354,10 @@ class Admission:
             else:
                 decoding += 1
         return waiting, n_waiting, decoding
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def _thresholds(classes, learned_headroom: float = 0.0) -> dict[str, float]:

@@ -67,6 +67,10 @@ class ServiceEstimate:
         self.samples = 0                 # first tokens learned from (the TTFT side)
         self.decode_samples = 0          # finished streams learned from (the TPOT side)
 
+    def step_line(self) -> tuple[float, float]:
+        """(s0, s1): the fitted bare step time s0 + s1 x batch."""
+        return self._step.fit()
+
     def step_time(self, batch: float) -> float:
         a, b = self._step.fit()
         return a + b * batch

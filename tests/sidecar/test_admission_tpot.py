@@ -222,3 +222,15 @@ def test_a_failed_request_teaches_nothing_and_reports_no_error():
     checked = g.finish(ticket, timing(0.5, 3.0, 10, error="http_500"))
     assert (checked.ttft_error, checked.tpot_error) == (None, None)
     assert g.estimate.decode_samples == before and g.in_flight_seconds is None
+
+
+def test_at_debug_level_every_refusal_and_finished_stream_is_logged(caplog):
+    g = guard(cls(), seconds_per_token=0.001)
+    slo = g._classes[0]
+    with caplog.at_level("DEBUG", logger="goodput.sidecar.admission"):
+        tickets = [g.arrive(slo, PROMPT, True, Timer(float(k), first_token_at=k + 0.5), float(k)) for k in range(13)]
+        g.finish(tickets[0], timing(0.5, 3.5, 31))
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2
+    assert lines[0].startswith("shed class=a reason=tpot join=13 predicted_tpot=0.167 tpot_threshold=0.160 batch_limit=12.000")
+    assert lines[1].startswith("done class=a join=1 predicted_tpot=0.030 measured_tpot=0.100 ")
