@@ -241,10 +241,13 @@ class Admission:
     def _reserve(self, above: tuple[str, ...], now: float) -> float:
         """Requests the classes above will have in flight: arrival rate x time in flight (Little),
         up to the Poisson count's quantile at their tightest objective (normal approximation), so
-        a higher-priority arrival finds room as often as its objective asks."""
+        a higher-priority arrival finds room as often as its objective asks. The rate rises within
+        a few of their arrivals (`rising_rate`): a low request admitted while the window still
+        averages in a quiet spell holds its place for a whole decode, the high ones arriving
+        meanwhile find the batch full."""
         if not above or self.in_flight_seconds is None:
             return 0.0
-        expected = sum(self._arrivals[name].rate(now) for name in above) * self.in_flight_seconds
+        expected = sum(self._arrivals[name].rising_rate(now) for name in above) * self.in_flight_seconds
         return expected + self._reserve_z[above] * math.sqrt(expected)
 
     def _seconds_per_finish(self, in_flight: int) -> float:

@@ -16,6 +16,7 @@ STEP_DECAY = 0.99           # ... of the step line: about the last 100. Step tim
 #                             property of the hardware and barely moves, and under overload the batch
 #                             sits near one value, where a short memory loses the slope.
 RATE_WINDOW = 10.0          # seconds of arrivals behind a rate
+RECENT_ARRIVALS = 8         # arrivals behind the quick rate (`RateWindow.rising_rate`)
 RHO_CAP = 0.9               # prefill share of engine time the TPOT prediction saturates at
 
 
@@ -160,3 +161,13 @@ class RateWindow:
         # At least a second: two requests a millisecond apart are not a rate of 2,000 a second.
         span = max(1.0, min(self.window, now - self._first))
         return max(0.0, self._sum) / span
+
+    def rising_rate(self, now: float, recent: int = RECENT_ARRIVALS) -> float:
+        """The larger of `rate` and the rate of the last `recent` events, counted one each: the
+        recent - 1 gaps between them over the time since the recent-th last. A step up shows
+        within a few arrivals rather than a window later; a step down only as the window forgets."""
+        slow = self.rate(now)
+        events = self._events
+        if len(events) < recent:
+            return slow
+        return max(slow, (recent - 1) / max(now - events[-recent][0], 1e-3))

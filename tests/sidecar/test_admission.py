@@ -320,6 +320,42 @@ def test_a_decode_bound_overload_is_shed_on_tpot_and_the_admitted_meet_it(sideca
     assert span.attributes["goodput.admission.predicted_tpot_seconds"] > 0
 
 
+def decode_mix_load(url: str, rate: float, count: int, seed: int, mix: dict[str, float]) -> list:
+    from sidecar.loadgen.workload import assign_classes
+
+    async def run():
+        reqs = assign_classes(synthetic_workload(poisson_arrivals(rate, count, seed), PROMPT_WORDS, DECODE_TOKENS,
+                                                 seed=seed), mix, seed)
+        cfg = LoadConfig(base_url=url, model="scripted", slo=SloClass("load", ttft=2.0, tpot=TPOT))
+        records, _ = await run_load(cfg, reqs, PromptFactory(None, seed=seed))
+        return records
+    return asyncio.run(run())
+
+
+def test_two_classes_past_a_decode_bound_knee_the_low_one_absorbs_the_shedding(sidecars, decode_bound):
+    # This upstream's knee is about 15 req/s (a batch of 15 at the 0.04-s threshold decodes 24
+    # tokens in about a second). At 30 req/s, a quarter high: high offers half the knee. The guard
+    # must keep high in time and refuse low. (It passed before `rising_rate` too: this is the
+    # priority order end to end; the step-up is `test_the_rising_rate_follows_a_step_up...`.)
+    classes = [{"name": "high", "ttft": 2.0, "tpot": TPOT, "admission": True, "priority": 1},
+               {"name": "low", "ttft": 2.0, "tpot": TPOT, "admission": True, "priority": 0}]
+    on = sidecars.start(decode_bound, models=("scripted",), slo=slo_config(*classes))
+    mix = {"high": 1.0, "low": 3.0}
+    for rate, count, seed in ((5.0, 20, 31), (12.0, 60, 32)):
+        assert [r.outcome for r in decode_mix_load(on.url, rate, count, seed, mix)].count("shed") == 0
+    for attempt in range(ATTEMPTS):
+        records = decode_mix_load(on.url, 30.0, 300, 33 + attempt, mix)
+        high = [r for r in records if r.slo_class == "high"]
+        low = [r for r in records if r.slo_class == "low"]
+        admitted = [r for r in records if r.outcome != "shed"]
+        high_good = sum(r.outcome == "good" for r in high) / len(high)
+        if high_good >= 0.95 and sum(r.outcome == "good" for r in admitted) / len(admitted) >= 0.9:
+            break
+    else:
+        pytest.fail(f"high class {high_good:.1%} in time, low shed {sum(r.outcome == 'shed' for r in low)} of {len(low)}")
+    assert sum(r.outcome == "shed" for r in low) >= 0.4 * len(low)
+
+
 # ---- goodput sweep --compare: the on/off comparison end to end ---------------------------------
 
 @pytest.mark.slow

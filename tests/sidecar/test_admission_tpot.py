@@ -99,6 +99,22 @@ def test_rate_window_counts_the_last_seconds_and_never_divides_by_less_than_one(
     assert r.rate(20.0) == pytest.approx(110)
 
 
+def test_the_rising_rate_follows_a_step_up_within_a_few_arrivals_and_a_step_down_with_the_window():
+    r = RateWindow(10.0)
+    for t in range(10):
+        r.add(float(t))                                           # one a second
+    # Steady: the last 8 (t = 2..9, 7 gaps over 7.5 s) say 0.93/s, the window 10 over 9.5 s.
+    assert r.rising_rate(9.5) == pytest.approx(10 / 9.5)
+    for k in range(1, 9):
+        r.add(10.0 + 0.1 * k)                                     # then ten a second
+    # The window still averages the quiet spell (17 events over 10 s); the last 8 show the step.
+    assert r.rate(10.8) == pytest.approx(1.7)
+    assert r.rising_rate(10.8) == pytest.approx(7 / 0.7)
+    # Arrivals stop: the quick rate decays as time passes since the 8th last, never under the window's.
+    assert r.rising_rate(15.0) == pytest.approx(7 / 4.9)
+    assert r.rising_rate(20.0) == pytest.approx(0.8)              # the window's 8 over 10 s
+
+
 # ---- decisions -----------------------------------------------------------------------------------
 
 def test_nothing_is_shed_on_tpot_before_enough_streams_finished():
