@@ -37,8 +37,9 @@ for a first token are ahead of it and decode beside it) and itself. Predicted TP
   classes in flight, and a class may use of that batch only what the classes above it leave: the
   larger of what they have in flight and what their arrival rate will bring in (Little's law:
   rate x mean time in flight, up to the Poisson count's quantile at the tightest objective above:
-  z standard deviations more, z = 2.33 for 99 %). So low classes
-  absorb the shedding first and a high-priority arrival finds room.
+  z standard deviations more, z = 2.33 for 99 %; the rate rises within a few of their arrivals,
+  `RateWindow.rising_rate`). So low classes absorb the shedding first and a high-priority
+  arrival finds room.
 
 Nothing is shed on TTFT until MIN_SAMPLES first tokens have been measured, nor on TPOT until
 MIN_SAMPLES streams have finished: a guess is not a reason to refuse.
