@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import urllib.request
@@ -195,10 +196,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _command_line() -> str:
+    """This run's command as a report's first line, quoted so that it pastes back into a shell
+    (a --class-mixes value holds a ';')."""
+    return f"`python scripts/admission_sweep.py {shlex.join(sys.argv[1:])}`".rstrip() + "\n"
+
+
 def write_classes_report(args, runs, errors: dict, reasons: dict) -> str:
     """classes.md: every two-class run at 2x the knee, per class."""
     lines = ["# Goodput guard: two priority classes at 2x the knee\n",
-             f"`python scripts/admission_sweep.py {' '.join(sys.argv[1:])}`".rstrip() + "\n",
+             _command_line(),
              f"SLO TTFT {args.slo_ttft} s, TPOT {args.slo_tpot} s for both classes; admission_margin {args.margin}; "
              f"knee {args.knee:g} req/s, offered {2 * args.knee:g} req/s; engine --dtype {args.dtype}; one sidecar "
              f"(high priority 1, low 0) for every run, after unrecorded runs at 0.5x and 1x the knee. 1-minute load "
@@ -229,7 +236,7 @@ def write_report(args, sweep: dict, two: dict, errors: dict, reasons: dict) -> s
     on = {p["rate"]: p for p in sweep["series"]["on"]["points"]}
     knee = args.knee
     lines = [f"# Goodput guard: admission off vs on ({args.model})\n",
-             f"`python scripts/admission_sweep.py {' '.join(sys.argv[1:])}`".rstrip() + "\n",
+             _command_line(),
              f"SLO TTFT {args.slo_ttft} s, TPOT {args.slo_tpot} s; admission_margin {args.margin}; knee {knee:g} req/s; "
              f"{args.duration:g} s of Poisson arrivals per rate, seed {args.seed}: the same arrivals and lengths to both "
              "sidecars (fresh prompt text per run, so the prefix cache cannot favour the second). "
