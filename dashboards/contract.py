@@ -49,6 +49,7 @@ _SIDECAR = [
     Metric("goodput_admission_predicted_tpot_seconds", "histogram", ("model", "slo_class"), "sidecar"),
     Metric("goodput_admission_tpot_error_seconds", "histogram", ("model", "slo_class"), "sidecar"),
     Metric("goodput_admission_shed_total", "counter", ("model", "slo_class", "reason"), "sidecar"),
+    Metric("goodput_admission_held_seconds", "histogram", ("model", "slo_class"), "sidecar"),
     Metric("goodput_engine_requests_waiting", "gauge", ("model",), "sidecar"),
     Metric("goodput_engine_requests_running", "gauge", ("model",), "sidecar"),
     Metric("goodput_engine_kv_cache_usage_ratio", "gauge", ("model",), "sidecar"),

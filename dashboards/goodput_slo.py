@@ -56,8 +56,19 @@ def _prediction_error(objective: str, title: str) -> object:
     return series(f"{title} prediction error (admitted)", [
         Query(f"histogram_quantile({q}, sum by (le) (rate({error}{{{MODEL_CLASS}}}[{RATE}])))", f"p{round(q * 100)} |error|")
         for q in (0.5, 0.9)
-    ], "s", w=12, min=0,
+    ], "s", w=8, min=0,
         description=f"|predicted - measured| {title} of admitted streamed requests: how far the guard can be trusted.")
+
+
+def _held() -> object:
+    held = m("goodput_admission_held_seconds")
+    return series("Held for a decode slot", [
+        Query(f"histogram_quantile({q}, sum by (le) (rate({held}_bucket{{{MODEL_CLASS}}}[{RATE}])))", f"p{round(q * 100)} held")
+        for q in (0.5, 0.9, 0.99)
+    ], "s", w=8, min=0,
+        description="Requests the decode batch had no room for wait in the sidecar until a slot frees (then admitted) "
+                    "or their TTFT has no room left (then shed, reason tpot): how long they waited. The wait is part "
+                    "of their TTFT. How many are held per second: the panel 'Shed by the admission guard'.")
 
 
 def build():
@@ -115,16 +126,20 @@ def build():
             # "or vector(0)": a sidecar that never shed has no series for it yet, and the panel reads 0.
             Query(f"sum by (slo_class, reason) (rate({m('goodput_admission_shed_total')}{{{MODEL_CLASS}}}[{RATE}]))"
                   " or vector(0)", "{{slo_class}} {{reason}} shed req/s"),
+            Query(f"sum by (slo_class) (rate({m('goodput_admission_held_seconds_count')}{{{MODEL_CLASS}}}[{RATE}]))",
+                  "{{slo_class}} held req/s"),
         ], "reqps", w=8, min=0,
                description="Requests answered 429 + Retry-After, by the objective they were predicted to miss: ttft "
                            "(the queue is too long) or tpot (the decode batch is too large for the step to meet the "
-                           "objective). Sustained shedding is a capacity problem (alert GoodputSheddingSustained)."),
+                           "objective). Sustained shedding is a capacity problem (alert GoodputSheddingSustained). Held: requests that "
+                           "waited for a decode slot first (admitted or shed after)."),
         _predicted("ttft", "TTFT", "What the guard predicted for every request it judged, admitted or shed, against the target."),
         _predicted("tpot", "TPOT", "What the guard predicted for every request it judged, admitted or shed: the step time "
                                    "at the decode batch it would join, slowed by the prefills expected meanwhile, against "
                                    "the target."),
         _prediction_error("ttft", "TTFT"),
         _prediction_error("tpot", "TPOT"),
+        _held(),
     ]
     return dashboard(UID, "goodput / Goodput and SLOs", "dashboards/goodput_slo.py",
                      "Goodput (requests that met their TTFT and TPOT objectives) beside throughput, SLO "

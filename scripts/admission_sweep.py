@@ -125,6 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decision-log", action="store_true",
                    help="run the two-class sidecar at --log-level debug and keep its log (every refusal and "
                         "finished stream, predicted beside measured) as OUT/two-classes-decisions.log")
+    p.add_argument("--hold-arms", action="store_true",
+                   help="two-class runs through two sidecars side by side, one holding a request the batch has "
+                        "no room for (admission_hold: true, the default) and one refusing it at once (false); "
+                        "the arms alternate within each repeat")
+    p.add_argument("--scripted", metavar="ARGS", default=None,
+                   help="instead of the bundled engine, the scripted upstream with these arguments (e.g. the "
+                        "decode-bound one: '--ttft 0.005 --itl 0.01 --itl-per-seq 0.002 --prefill-rate 50000'); "
+                        "its model is 'scripted', and --input-tokens counts words")
     args = p.parse_args(argv)
     args.load_before = os.getloadavg()[0]
     print(f"load average {args.load_before:.2f} (a latency measurement: run it alone)", flush=True)
@@ -133,25 +141,37 @@ def main(argv: list[str] | None = None) -> int:
     base = {"ttft": args.slo_ttft, "tpot": args.slo_tpot}
     guard = {"admission": True, "admission_margin": args.margin}
     engine_url = f"http://127.0.0.1:{args.port}"
-    urls = {name: f"http://127.0.0.1:{args.port + i}" for i, name in enumerate(("off", "on", "two"), 1)}
-    # The engine first: it fetches and converts the weights, whose folder holds the tokenizer.
-    engine = ServerProcess(goodput_command("engine", "serve", "--model", args.model, "--port", str(args.port),
-                                           "--dtype", args.dtype),
-                           engine_url + "/health", timeout=600, name="engine")
+    arms = ("hold", "refuse") if args.hold_arms else ("two",)
+    urls = {name: f"http://127.0.0.1:{args.port + i}" for i, name in enumerate(("off", "on", *arms), 1)}
+    if args.scripted is not None:
+        engine = ServerProcess([sys.executable, "-m", "sidecar.bench.scripted_upstream", "--port", str(args.port),
+                                *shlex.split(args.scripted)], engine_url + "/health", timeout=60, name="scripted")
+        args.model = "scripted"
+    else:
+        # The engine first: it fetches and converts the weights, whose folder holds the tokenizer.
+        engine = ServerProcess(goodput_command("engine", "serve", "--model", args.model, "--port", str(args.port),
+                                               "--dtype", args.dtype),
+                               engine_url + "/health", timeout=600, name="engine")
     servers = [engine]
     try:
-        from goodput_cli.demo import tokenizer_file
+        tok = None
+        if args.scripted is None:
+            from goodput_cli.demo import tokenizer_file
 
-        tok = tokenizer_file(args.model)
+            tok = tokenizer_file(args.model)
         common = ["--input-tokens", str(args.input_tokens), "--output-tokens", str(args.output_tokens),
                   "--slo-ttft", str(args.slo_ttft), "--slo-tpot", str(args.slo_tpot), "--seed", str(args.seed),
-                  "--quiet", *(["--tokenizer", str(tok)] if tok else [])]
+                  "--quiet", *(["--tokenizer", str(tok)] if tok else []),
+                  *(["--model", "scripted"] if args.scripted is not None else [])]
         if not args.only_classes:
             servers.append(sidecar(args.port + 1, engine_url, [{"name": "interactive", **base}], args.out, "off"))
             servers.append(sidecar(args.port + 2, engine_url, [{"name": "interactive", **base, **guard}], args.out, "on"))
-        servers.append(sidecar(args.port + 3, engine_url, [{"name": "high", **base, **guard, "priority": 1},
-                                                           {"name": "low", **base, **guard, "priority": 0}], args.out, "two",
-                               log_level="debug" if args.decision_log else "warning"))
+        for arm in arms:
+            hold = {} if arm == "two" else {"admission_hold": arm == "hold"}
+            servers.append(sidecar(int(urls[arm].rsplit(":", 1)[1]), engine_url,
+                                   [{"name": "high", **base, **guard, **hold, "priority": 1},
+                                    {"name": "low", **base, **guard, **hold, "priority": 0}], args.out, arm,
+                                   log_level="debug" if args.decision_log else "warning"))
         if not args.only_classes:
             run(goodput_command("sweep", "--compare", f"off={urls['off']},on={urls['on']}", "--rates", rates,
                                 "--duration", str(args.duration), "--out", str(args.out / "sweep"), *common))
@@ -160,23 +180,26 @@ def main(argv: list[str] | None = None) -> int:
         # TPOT term's step line needs to have seen the batches the knee makes, not only small ones.
         # (Their own seeds, so their prompts are not in the prefix cache when the measured run sends them.)
         mixes = [m.strip() for m in args.class_mixes.split(";") if m.strip()]
-        for i, (rate, n) in enumerate(((args.knee / 2, 24), (args.knee, max(20, round(args.knee * args.duration / 2)))), 1):
-            run(goodput_command("load", "--url", urls["two"], "--rate", f"{rate:g}", "--num-requests", str(n),
-                                "--class-mix", mixes[0], *common, "--seed", str(args.seed + i)))
+        for arm in arms:
+            for i, (rate, n) in enumerate(((args.knee / 2, 24), (args.knee, max(20, round(args.knee * args.duration / 2)))), 1):
+                run(goodput_command("load", "--url", urls[arm], "--rate", f"{rate:g}", "--num-requests", str(n),
+                                    "--class-mix", mixes[0], *common, "--seed", str(args.seed + i)))
         count = max(20, round(2 * args.knee * args.duration * 2))
-        runs = []   # (mix, repeat, path, load average before)
+        runs = []   # (mix, repeat, arm, path, load average before)
         for r in range(args.repeats):
-            # Mixes alternate their order between repeats, so none always runs on the warmest guard.
+            # Mixes (and arms) alternate their order between repeats, so none always runs on the warmest guard.
             for mix in (mixes if r % 2 == 0 else mixes[::-1]):
-                single = len(mixes) == 1 and args.repeats == 1
-                path = args.out / ("two-classes.json" if single else
-                                   f"two-classes-{mix.replace('=', '').replace(',', '-')}-r{r}.json")
-                runs.append((mix, r, path, os.getloadavg()[0]))
-                seed = ["--seed", str(args.seed + 10 * r)] if r else []
-                run(goodput_command("load", "--url", urls["two"], "--rate", f"{2 * args.knee:g}", "--num-requests",
-                                    str(count), "--class-mix", mix, "--json", str(path), *common, *seed))
-        two = runs[0][2]
-        sidecars = ("two",) if args.only_classes else ("on", "two")
+                for arm in (arms if r % 2 == 0 else arms[::-1]):
+                    single = len(mixes) == 1 and args.repeats == 1 and arm == "two"
+                    path = args.out / ("two-classes.json" if single else
+                                       f"two-classes-{'' if arm == 'two' else arm + '-'}"
+                                       f"{mix.replace('=', '').replace(',', '-')}-r{r}.json")
+                    runs.append((mix, r, arm, path, os.getloadavg()[0]))
+                    seed = ["--seed", str(args.seed + 10 * r)] if r else []
+                    run(goodput_command("load", "--url", urls[arm], "--rate", f"{2 * args.knee:g}", "--num-requests",
+                                        str(count), "--class-mix", mix, "--json", str(path), *common, *seed))
+        two = runs[0][3]
+        sidecars = arms if args.only_classes else ("on", *arms)
         errors = {objective: {name: error_quantiles(urls[name], objective) for name in sidecars}
                   for objective in ("ttft", "tpot")}
         reasons = {name: shed_reasons(urls[name]) for name in sidecars}
@@ -184,7 +207,9 @@ def main(argv: list[str] | None = None) -> int:
         for server in reversed(servers):
             server.stop()
         if args.decision_log and len(servers) > 1:
-            (args.out / "two-classes-decisions.log").write_text(servers[-1].log())
+            for arm, server in zip(arms, servers[-len(arms):]):
+                name = "two-classes-decisions.log" if arm == "two" else f"two-classes-decisions-{arm}.log"
+                (args.out / name).write_text(server.log())
     args.load_after = os.getloadavg()[0]
     if args.only_classes:
         report = write_classes_report(args, runs, errors, reasons)
@@ -203,29 +228,37 @@ def _command_line() -> str:
 
 
 def write_classes_report(args, runs, errors: dict, reasons: dict) -> str:
-    """classes.md: every two-class run at 2x the knee, per class."""
+    """classes.md: every two-class run at 2x the knee, per class (and per arm with --hold-arms)."""
+    engine = (f"scripted upstream `{args.scripted}`" if args.scripted is not None else f"engine --dtype {args.dtype}")
+    arms = sorted({arm for _, _, arm, _, _ in runs})
     lines = ["# Goodput guard: two priority classes at 2x the knee\n",
              _command_line(),
              f"SLO TTFT {args.slo_ttft} s, TPOT {args.slo_tpot} s for both classes; admission_margin {args.margin}; "
-             f"knee {args.knee:g} req/s, offered {2 * args.knee:g} req/s; engine --dtype {args.dtype}; one sidecar "
-             f"(high priority 1, low 0) for every run, after unrecorded runs at 0.5x and 1x the knee. 1-minute load "
+             f"knee {args.knee:g} req/s, offered {2 * args.knee:g} req/s; {engine}; "
+             + ("one sidecar" if arms == ["two"] else "a sidecar per arm (hold: admission_hold true; refuse: false)")
+             + " (high priority 1, low 0) for every run, after unrecorded runs at 0.5x and 1x the knee. 1-minute load "
              f"average {args.load_before:.2f} at the start, {args.load_after:.2f} at the end.\n",
-             "| mix high:low | repeat | load avg | class | offered req/s | requests | good | shed | attainment | admitted attainment |",
-             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
-    for mix, r, path, load in runs:
+             "| mix high:low | repeat | arm | load avg | class | offered req/s | requests | good | shed | attainment | admitted attainment | TTFT p99 |",
+             "|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for mix, r, arm, path, load in runs:
         result = json.loads(path.read_text())
         weights = dict(part.split("=") for part in mix.split(","))
         total = sum(float(w) for w in weights.values())
         for name, c in result.get("by_class", {}).items():
             share = float(weights.get(name, 0)) / total
-            lines.append(f"| {mix} | {r} | {load:.2f} | {name} | {2 * args.knee * share:.2f} | {c['requests']} | "
-                         f"{c['good']} | {c['shed']} | {c['attainment'] * 100:.1f} % | {c['admitted_attainment'] * 100:.1f} % |")
+            p99 = c.get("ttft", {}).get("p99")
+            lines.append(f"| {mix} | {r} | {arm} | {load:.2f} | {name} | {2 * args.knee * share:.2f} | {c['requests']} | "
+                         f"{c['good']} | {c['shed']} | {c['attainment'] * 100:.1f} % | {c['admitted_attainment'] * 100:.1f} % | "
+                         + (f"{p99:.2f} s |" if p99 is not None else "- |"))
     for objective, by_sidecar in errors.items():
-        for cls, e in sorted(by_sidecar.get("two", {}).items()):
-            lines.append(f"\n{objective.upper()} prediction error, class {cls}: {e['count']} checked, "
-                         f"p50 {e['p50'] * 1000:.0f} ms, p90 {e['p90'] * 1000:.0f} ms")
-    for cls, r in sorted(reasons.get("two", {}).items()):
-        lines.append(f"\nshed (whole life, warm-up included), class {cls}: ttft {r.get('ttft', 0)}, tpot {r.get('tpot', 0)}")
+        for arm in arms:
+            for cls, e in sorted(by_sidecar.get(arm, {}).items()):
+                lines.append(f"\n{objective.upper()} prediction error, {'' if arm == 'two' else arm + ', '}class {cls}: "
+                             f"{e['count']} checked, p50 {e['p50'] * 1000:.0f} ms, p90 {e['p90'] * 1000:.0f} ms")
+    for arm in arms:
+        for cls, r in sorted(reasons.get(arm, {}).items()):
+            lines.append(f"\nshed (whole life, warm-up included), {'' if arm == 'two' else arm + ', '}class {cls}: "
+                         f"ttft {r.get('ttft', 0)}, tpot {r.get('tpot', 0)}")
     text = "\n".join(lines) + "\n"
     (args.out / "classes.md").write_text(text)
     return text

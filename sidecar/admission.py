@@ -41,6 +41,18 @@ for a first token are ahead of it and decode beside it) and itself. Predicted TP
   `RateWindow.rising_rate`). So low classes absorb the shedding first and a high-priority
   arrival finds room.
 
+Held, not refused, when the batch is full but TTFT has room (class setting `admission_hold`,
+default true). A guard that only refuses is a loss system: a class that alone offers the knee finds
+the batch at its cap for Erlang's B(cap, load) of its arrivals, and each of those is refused
+although a stream ends every (mean time in flight / requests in flight) seconds. So a request the
+batch has no room for waits in the sidecar (no socket to the engine) while its predicted TTFT,
+the wait included, stays under its threshold: held if the slots it needs (its excess, after the
+requests of its class or above already held) are expected within that budget, else refused at once.
+At every finish the held requests are judged again, highest priority and longest held first; one
+that still does not fit keeps those of its priority and below waiting behind it. At its deadline a
+request still without a slot is refused (reason tpot). The guard learns from what the engine did:
+the time held is taken out of the TTFT and the time in flight it learns from.
+
 Nothing is shed on TTFT until MIN_SAMPLES first tokens have been measured, nor on TPOT until
 MIN_SAMPLES streams have finished: a guess is not a reason to refuse.
 """
@@ -98,6 +110,11 @@ class Ticket:
     reason: str | None = None             # why it was shed: "ttft" | "tpot"
     detail: str = ""                      # the 429's message
     slo: SloClass | None = None
+    held: bool = False                    # waiting in the sidecar for a decode slot (`Admission.review`)
+    deadline: float = 0.0                 # ... until then at the latest: its TTFT has no room for more
+    was_held: bool = False                # it waited for a slot (admitted, shed or gone since)
+    held_seconds: float = 0.0             # ... for how long
+    waiter: object = None                 # the proxy's wake-up for a held request (an asyncio future)
 
     @property
     def shed(self) -> bool:
@@ -151,6 +168,7 @@ class Admission:
         self.estimate = ServiceEstimate()
         self._chars_per_token = CHARS_PER_TOKEN
         self._in_flight: dict[int, Ticket] = {}
+        self._held: list[Ticket] = []     # waiting for a decode slot: highest priority, then longest held, first
         self._classes = tuple(slo.classes.values())
         self._misses: deque[float] = deque(maxlen=ERROR_WINDOW)   # measured - predicted, admitted requests
         self.learned_headroom = 0.0
@@ -168,13 +186,31 @@ class Admission:
         self.in_flight_seconds: float | None = None                      # mean time an admitted request is in flight
 
     def arrive(self, slo: SloClass, doc: dict, stream: bool, timer: StreamTimer, now: float) -> Ticket:
+        """Judge an arriving request: admitted, shed, or `held` for a decode slot (then `review`
+        decides it, at the latest by its `deadline`)."""
         if not self.enabled:
             return ADMIT_UNTRACKED
         self._arrivals[slo.name].add(now)
         chars, ids = prompt_chars(doc)
         own = max(1.0, chars / self._chars_per_token + ids)
+        ticket = Ticket(True, None, self._thresholds[slo.name], prompt_tokens=own, chars=chars, arrived=now,
+                        timer=timer, stream=stream, tpot_threshold=self._tpot_thresholds[slo.name], slo=slo)
+        # Requests of its class or above already held for a slot go first: it waits behind them.
+        ahead = sum(1 for t in self._held if t.slo.priority >= slo.priority) if slo.admission else 0
+        return self._judge(ticket, now, held_ahead=ahead)
+
+    def _judge(self, ticket: Ticket, now: float, held_ahead: int = 0) -> Ticket:
+        """Predict TTFT and TPOT for `ticket` sent now, and admit, shed or hold it. A held ticket
+        has waited `now - arrived` already: that counts against its TTFT."""
+        self._decide(ticket, now, held_ahead)
+        if ticket.was_held:
+            ticket.held_seconds = now - ticket.arrived
+        return ticket
+
+    def _decide(self, ticket: Ticket, now: float, held_ahead: int) -> Ticket:
+        slo, waited = ticket.slo, now - ticket.arrived
         waiting, n_waiting, batch = self._queue(now)
-        ahead = waiting + own
+        ahead = waiting + ticket.prompt_tokens
         batch_mean = batch + n_waiting / 2
         ready = self.estimate.samples >= self.min_samples
         predicted = self.estimate.predict(ahead, batch_mean, batch) if ready else None
@@ -184,35 +220,96 @@ class Admission:
             rho = self.estimate.prefill_share(self._prompt_rate.rate(now))
             predicted_tpot = self.estimate.predict_tpot(join, rho)
         threshold = self._thresholds[slo.name]
-        ticket = Ticket(True, predicted, threshold, prompt_tokens=own, chars=chars, tokens_ahead=ahead,
-                        batch=batch, batch_mean=batch_mean, arrived=now, timer=timer, stream=stream,
-                        predicted_tpot=predicted_tpot, tpot_threshold=self._tpot_thresholds[slo.name],
-                        join_batch=join, slo=slo)
-        if slo.admission and predicted is not None and predicted > threshold:
-            # The excess wait drains at about real time once arrivals stop: retry after it.
-            return self._refuse(ticket, "ttft", predicted - threshold,
-                                f"this request's predicted time to first token ({predicted:.2f} s) exceeds what "
-                                f"SLO class {slo.name!r} allows ({threshold:.2f} s)")
-        if slo.admission and predicted_tpot is not None:
-            refusal = self._tpot_refusal(ticket, rho, now)
-            if refusal is not None:
-                return refusal
+        ticket.predicted_ttft = None if predicted is None else waited + predicted
+        ticket.threshold, ticket.tokens_ahead, ticket.batch, ticket.batch_mean = threshold, ahead, batch, batch_mean
+        ticket.predicted_tpot, ticket.join_batch = predicted_tpot, join
+        blocked = self._tpot_block(ticket, rho, now) if slo.admission and predicted_tpot is not None else None
+        if blocked is not None and ticket.held:
+            if now < ticket.deadline:
+                return ticket   # still held: a later `review` decides
+            excess, why = blocked
+            return self._refuse(ticket, "tpot", excess * self._seconds_per_finish(join - 1),
+                                f"{why}; held {waited:.2f} s for a decode slot, none came in time")
+        if slo.admission and ticket.predicted_ttft is not None and ticket.predicted_ttft > threshold:
+            # The excess wait drains at about real time once arrivals stop: retry after it. A held
+            # request ran out of time waiting for the batch: its reason is the batch (tpot).
+            return self._refuse(ticket, "tpot" if ticket.held else "ttft", ticket.predicted_ttft - threshold,
+                                f"this request's predicted time to first token ({ticket.predicted_ttft:.2f} s"
+                                + (f", {waited:.2f} s of it held for a decode slot" if ticket.held else "")
+                                + f") exceeds what SLO class {slo.name!r} allows ({threshold:.2f} s)")
+        if blocked is not None:
+            # Held for a slot instead, while its TTFT has room for the wait: a stream ends about every
+            # `seconds per finish`, and it needs `excess` of them, after those held ahead of it.
+            excess, why = blocked
+            per_finish = self._seconds_per_finish(join - 1)
+            budget = threshold - (ticket.predicted_ttft if ticket.predicted_ttft is not None else waited)
+            if (slo.admission_hold and self.in_flight_seconds is not None
+                    and (held_ahead + max(1, math.ceil(excess))) * per_finish <= budget):
+                return self._hold(ticket, now + budget)
+            return self._refuse(ticket, "tpot", excess * per_finish, why)
+        ticket.admitted, ticket.reason, ticket.detail = True, None, ""
+        self._held_remove(ticket)
         self._in_flight[id(ticket)] = ticket
-        self._prompt_rate.add(now, own)
+        self._prompt_rate.add(now, ticket.prompt_tokens)
         return ticket
 
-    def _tpot_refusal(self, ticket: Ticket, rho: float, now: float) -> Ticket | None:
-        """Refuse (reason tpot) when the batch it joins is too large for its own TPOT, or for the
-        tightest TPOT in flight once the classes above it have their room; None admits."""
+    def _hold(self, ticket: Ticket, deadline: float) -> Ticket:
+        ticket.admitted, ticket.reason, ticket.detail = False, None, ""
+        ticket.held, ticket.was_held, ticket.deadline = True, True, deadline
+        self._held.append(ticket)
+        self._held.sort(key=lambda t: (-t.slo.priority, t.arrived))
+        return ticket
+
+    def _held_remove(self, ticket: Ticket) -> None:
+        if ticket.held:
+            ticket.held = False
+            try:
+                self._held.remove(ticket)
+            except ValueError:
+                pass
+
+    @property
+    def held(self) -> int:
+        """Requests waiting in this sidecar for a decode slot."""
+        return len(self._held)
+
+    def next_deadline(self) -> float | None:
+        return min((t.deadline for t in self._held), default=None)
+
+    def review(self, now: float) -> list[Ticket]:
+        """Judge the held requests again, highest priority and longest held first (a slot freed,
+        or a deadline came); returns those now decided, admitted or shed. One that still does not
+        fit keeps every request behind it, of its priority or lower, waiting: nobody overtakes."""
+        decided: list[Ticket] = []
+        blocked_at: int | None = None
+        for ticket in list(self._held):
+            if blocked_at is not None and ticket.slo.priority <= blocked_at and now < ticket.deadline:
+                continue
+            self._judge(ticket, now)
+            if ticket.held:
+                blocked_at = ticket.slo.priority if blocked_at is None else max(blocked_at, ticket.slo.priority)
+            else:
+                decided.append(ticket)
+        return decided
+
+    def withdraw(self, ticket: Ticket, now: float) -> None:
+        """A held request's client went away: forget it."""
+        if ticket.held:
+            ticket.held_seconds = now - ticket.arrived
+        self._held_remove(ticket)
+
+    def _tpot_block(self, ticket: Ticket, rho: float, now: float) -> tuple[float, str] | None:
+        """Why the batch has no room for it on TPOT, as (requests in excess, the 429's reason), or
+        None: room. No room when the batch it joins is too large for its own TPOT, or for the
+        tightest TPOT in flight once the classes above it have their room."""
         slo, join, est = ticket.slo, ticket.join_batch, self.estimate
         own_limit = est.max_batch(ticket.tpot_threshold, rho)
         if join > own_limit:
             ticket.batch_limit = own_limit
-            return self._refuse(ticket, "tpot", (join - own_limit) * self._seconds_per_finish(join - 1),
-                                f"this request's predicted time per output token ({ticket.predicted_tpot:.3f} s, "
-                                f"decoding beside {join - 1} others, prefills taking {100 * rho:.0f} % of the engine) "
-                                f"exceeds what SLO class {slo.name!r} allows "
-                                f"({ticket.tpot_threshold:.3f} s)")
+            return join - own_limit, (f"this request's predicted time per output token ({ticket.predicted_tpot:.3f} s, "
+                                      f"decoding beside {join - 1} others, prefills taking {100 * rho:.0f} % of the "
+                                      f"engine) exceeds what SLO class {slo.name!r} allows "
+                                      f"({ticket.tpot_threshold:.3f} s)")
         guarded = [t.slo.name for t in self._in_flight.values() if t.slo is not None and t.slo.admission]
         tight = min([ticket.tpot_threshold] + [self._tpot_thresholds[name] for name in guarded])
         above = self._above[slo.name]
@@ -220,14 +317,15 @@ class Admission:
         room = est.max_batch(tight, rho) - max(self._reserve(above, now), n_above)
         mine = join - n_above   # in flight at or below its priority, itself included
         if mine <= room:
+            ticket.batch_limit = None
             return None
         ticket.batch_limit = max(0.0, room)
         why = (f"the {n_above + max(0, math.floor(room))} that keep time per output token under "
                f"{tight:.3f} s (tightest in flight)" + (", after room for higher-priority classes" if above else ""))
-        return self._refuse(ticket, "tpot", (mine - room) * self._seconds_per_finish(join - 1),
-                            f"admitting this request would make the decode batch {join}, past {why}")
+        return mine - room, f"admitting this request would make the decode batch {join}, past {why}"
 
     def _refuse(self, ticket: Ticket, reason: str, wait: float, why: str) -> Ticket:
+        self._held_remove(ticket)
         ticket.admitted = False
         ticket.reason = reason
         ticket.retry_after = max(1, math.ceil(wait))
@@ -258,6 +356,7 @@ class Admission:
     def finish(self, ticket: Ticket, timing: RequestTiming) -> Checked:
         """Forget the request, learn from it; returns |predicted - measured| TTFT and TPOT where
         both exist."""
+        self._held_remove(ticket)
         if self._in_flight.pop(id(ticket), None) is None:
             return NOT_CHECKED
         start = ticket.timer.start if ticket.timer is not None else ticket.arrived
@@ -271,12 +370,14 @@ class Admission:
         self._remember(first, end, ticket.prompt_tokens)
         if not ticket.stream or timing.error is not None or timing.ttft is None:
             return NOT_CHECKED   # a non-streamed answer's first token is not observable; errors teach nothing
+        # What the engine took: the time held in the sidecar for a slot is not the engine's.
+        in_flight = timing.e2e - ticket.held_seconds
         if self.in_flight_seconds is None:
-            self.in_flight_seconds = timing.e2e
+            self.in_flight_seconds = in_flight
         else:
-            self.in_flight_seconds = _IN_FLIGHT_DECAY * self.in_flight_seconds + (1 - _IN_FLIGHT_DECAY) * timing.e2e
+            self.in_flight_seconds = _IN_FLIGHT_DECAY * self.in_flight_seconds + (1 - _IN_FLIGHT_DECAY) * in_flight
         if not ticket.learned:
-            self._learn_ttft(ticket, timing.ttft)
+            self._learn_ttft(ticket, timing.ttft - ticket.held_seconds)
         if timing.input_tokens and ticket.chars:
             # Usage corrects the characters-per-token guess for everything that follows.
             ratio = ticket.chars / timing.input_tokens
@@ -351,7 +452,7 @@ class Admission:
         for t in self._in_flight.values():
             first = self._first_token(t, now)
             if t.stream and first is not None and not t.learned:
-                self._learn_ttft(t, first - t.timer.start)
+                self._learn_ttft(t, first - t.timer.start - t.held_seconds)
             if first is None:
                 waiting += t.prompt_tokens
                 n_waiting += 1

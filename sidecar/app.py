@@ -215,6 +215,7 @@ class Sidecar:
         slo = self.config.slo.classify(None, request.path, request.headers)
         timer = StreamTimer(start, kind)
         in_flight = False
+        arrival_counted = False
         error_type = None
         cancelled = False
         upstream = None
@@ -243,11 +244,16 @@ class Sidecar:
             if capture:
                 span.capture_input(doc)
             ticket = self.admission.arrive(slo, doc, stream, timer, _clock())
+            if ticket.held:
+                # Demand counts when it arrives, not when a slot frees (the forecaster reads it).
+                self.metrics.arrived_now(label, slo.name)
+                arrival_counted = True
+                await self._hold(ticket)
             if ticket.shed:
                 return self._shed(ticket)
             headers = upstream_headers(request, measured=True)
             span.inject(headers)
-            self.metrics.started(label, slo.name)
+            self.metrics.started(label, slo.name, arrival_counted)
             in_flight = True
             upstream = await self.pool.request("POST", request.raw_path, headers, body)
             head = upstream.head
@@ -292,13 +298,15 @@ class Sidecar:
             error_type = error_type or timing.error_type
             shed = ticket is not None and ticket.shed
             verdict = judge(timing, slo, error=error_type if not cancelled else None, cancelled=cancelled, shed=shed)
-            self.metrics.finished(label, slo, timing, verdict, in_flight=in_flight)
+            self.metrics.finished(label, slo, timing, verdict, in_flight=in_flight, arrival_counted=arrival_counted)
             if self.otel is not None:
                 self.otel.record(span.operation, label, slo.name, timing, None if cancelled else error_type,
                                  successful=error_type is None and not cancelled)
             if ticket is not None:
                 self.metrics.admission(label, slo.name, ticket, self.admission.finish(ticket, timing))
                 span.admission(ticket)
+                if self.admission.held:
+                    self._review_held()   # a slot may have freed: the longest-held request of the highest class goes first
             span.end(timing, verdict, slo, None if cancelled else error_type, end, capture_output=capture)
             if doc and self.config.advice_window:
                 self._advise(label, request.headers.get("x-tenant"), doc, timing)
@@ -314,6 +322,25 @@ class Sidecar:
                                      computed_tokens=computed)
         except Exception:   # noqa: BLE001 - advice is best effort, the request is already served
             log.exception("prompt-layout advice failed")
+
+    async def _hold(self, ticket) -> None:
+        """Wait, without a socket to the engine, until the guard admits or sheds a request it held
+        for a decode slot: at a finish (`_review_held`) or at its deadline at the latest."""
+        loop = asyncio.get_running_loop()
+        ticket.waiter = loop.create_future()
+        timer = loop.call_at(loop.time() + max(0.0, ticket.deadline - _clock()) + 0.001, self._review_held)
+        try:
+            await ticket.waiter
+        except asyncio.CancelledError:
+            self.admission.withdraw(ticket, _clock())   # the client went away while it waited
+            raise
+        finally:
+            timer.cancel()
+
+    def _review_held(self) -> None:
+        for decided in self.admission.review(_clock()):
+            if decided.waiter is not None and not decided.waiter.done():
+                decided.waiter.set_result(None)
 
     @staticmethod
     def _shed(ticket) -> web.Response:

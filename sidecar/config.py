@@ -8,7 +8,7 @@ SLO config file (`--slo-config FILE`, the shape the Helm chart renders):
       - {name: batch, ttft: 10, tpot: 0.2, objective: 0.95}
     # optional per class: admission: true (shed requests predicted to miss ttft or tpot, answering 429),
     # admission_margin: 0.2 (shed above 0.8 x ttft or 0.8 x tpot: room for the prediction's error), priority: 0
-    # (higher is shed later)
+    # (higher is shed later), admission_hold: true (wait in the sidecar for a decode slot while ttft allows)
     rules:                             # first match wins; then default_class
       - header: x-slo-class            # the header's value names the class (ignored if unknown)
       - model: "llama-batch-*"         # glob on the request's model
@@ -77,7 +77,8 @@ DEFAULT_SLO_CONFIG = SloConfig(
 )
 
 
-CLASS_KEYS = ("name", "ttft", "tpot", "e2e", "objective", "admission", "admission_margin", "priority")
+CLASS_KEYS = ("name", "ttft", "tpot", "e2e", "objective", "admission", "admission_margin", "priority",
+              "admission_hold")
 
 
 def load_slo_config(path: str | Path) -> SloConfig:
@@ -118,7 +119,7 @@ def parse_slo_config(doc: object, where: str = "SLO config") -> SloConfig:
         try:
             slo = SloClass(name=name, ttft=item["ttft"], tpot=item["tpot"], e2e=item.get("e2e"), objective=objective,
                            admission=item.get("admission", False), admission_margin=item.get("admission_margin", 0.2),
-                           priority=item.get("priority", 0))
+                           priority=item.get("priority", 0), admission_hold=item.get("admission_hold", True))
         except ValueError as exc:
             raise ConfigError(f"{classes_key}: {exc}") from None
         if name in classes:

@@ -157,14 +157,27 @@ class SidecarMetrics:
         self.admission_shed = Counter("goodput_admission_shed", "Requests the admission guard refused with 429, by the "
                                       "objective they were predicted to miss.", ("model", "slo_class", "reason"),
                                       registry=registry)
+        # How long a request the decode batch had no room for waited in the sidecar for a slot
+        # (sidecar/admission.py `Admission.review`): admitted after it, or shed when its TTFT had no room left.
+        self.admission_held = Histogram("goodput_admission_held_seconds",
+                                        "Time a request waited in the sidecar for a decode slot before it was admitted "
+                                        "or shed (part of its TTFT).", mc, buckets=TTFT_BUCKETS, registry=registry)
         self.draining = Gauge("goodput_draining", "1 while the sidecar drains after SIGTERM.", registry=registry)
+        # Classes whose requests may be held for a decode slot: their held histogram exists (at 0)
+        # from a model's first request on, so a panel reads "none held" rather than "no data".
+        self._hold_classes = {s.name for s in slo_config.classes.values() if s.admission and s.admission_hold}
         for slo in slo_config.classes.values():
             self.slo_ratio.labels(slo.name).set(slo.objective)
             for objective, seconds in slo.targets().items():
                 self.slo_target.labels(slo.name, objective).set(seconds)
 
-    def started(self, model: str, slo_name: str) -> None:
+    def arrived_now(self, model: str, slo_name: str) -> None:
+        """Count an arrival before it is served or refused (a request the guard holds for a slot)."""
         self.arrived.labels(model, slo_name).inc()
+
+    def started(self, model: str, slo_name: str, arrival_counted: bool = False) -> None:
+        if not arrival_counted:
+            self.arrived.labels(model, slo_name).inc()
         self.in_flight.labels(model).inc()
 
     def admission(self, model: str, slo_name: str, ticket, checked) -> None:
@@ -176,6 +189,8 @@ class SidecarMetrics:
             self.admission_predicted_tpot.labels(model, slo_name).observe(ticket.predicted_tpot)
         if ticket.reason is not None:
             self.admission_shed.labels(model, slo_name, ticket.reason).inc()
+        if ticket.was_held:
+            self.admission_held.labels(model, slo_name).observe(ticket.held_seconds)
         if checked.ttft_error is not None:
             self.admission_error.labels(model, slo_name).observe(checked.ttft_error)
         if checked.tpot_error is not None:
@@ -187,6 +202,8 @@ class SidecarMetrics:
         key = (model, slo_name)
         found = self._cache.get(key)
         if found is None:
+            if slo_name in self._hold_classes:
+                self.admission_held.labels(model, slo_name)
             found = self._cache[key] = (
                 {o: self.requests.labels(model, slo_name, o) for o in OUTCOMES},
                 self.ttft.labels(model, slo_name), self.tpot.labels(model, slo_name), self.e2e.labels(model, slo_name),
@@ -195,13 +212,14 @@ class SidecarMetrics:
         return found
 
     def finished(self, model: str, slo: SloClass, timing: RequestTiming, verdict: Verdict,
-                 in_flight: bool = True) -> None:
+                 in_flight: bool = True, arrival_counted: bool = False) -> None:
         """Record one ended request (called exactly once, from the proxy's finally). `in_flight`
-        is False for a request refused before it was counted as started (e.g. 413)."""
+        is False for a request refused before it was counted as started (e.g. 413);
+        `arrival_counted` True for one whose arrival was counted already (`arrived_now`)."""
         requests, ttft, tpot, e2e, input_tokens, output_tokens, flight = self._children(model, slo.name)
         if in_flight:
             flight.dec()
-        else:
+        elif not arrival_counted:
             # Refused before it started (e.g. 413): it still arrived, so demand counts it once.
             self.arrived.labels(model, slo.name).inc()
         requests[verdict.outcome].inc()

@@ -32,6 +32,10 @@ class SloClass:
     admission: bool = False
     admission_margin: float = 0.2
     priority: int = 0           # higher is shed later; lower classes are refused first
+    # A request the decode batch has no room for waits in the sidecar for a slot while its TTFT
+    # threshold allows the wait, rather than being refused at once (false: refuse at once, so the
+    # client can retry elsewhere without waiting here).
+    admission_hold: bool = True
 
     def __post_init__(self):
         if not self.name or not isinstance(self.name, str):
@@ -54,6 +58,8 @@ class SloClass:
                 or not -1 <= self.admission_margin < 1):
             raise ValueError(f"SLO class {self.name!r}: admission_margin must be a fraction of ttft in [-1, 1) "
                              f"(0.2 = shed when predicted TTFT > 0.8 x ttft), got {self.admission_margin!r}")
+        if not isinstance(self.admission_hold, bool):
+            raise ValueError(f"SLO class {self.name!r}: admission_hold must be true or false, got {self.admission_hold!r}")
         if not isinstance(self.priority, int) or isinstance(self.priority, bool):
             raise ValueError(f"SLO class {self.name!r}: priority must be an integer (higher is shed later), "
                              f"got {self.priority!r}")

@@ -104,6 +104,8 @@ class RequestSpan:
             attrs["goodput.admission.predicted_tpot_seconds"] = ticket.predicted_tpot
         if ticket.reason is not None:
             attrs["goodput.admission.shed_reason"] = ticket.reason
+        if ticket.was_held:
+            attrs["goodput.admission.held_seconds"] = ticket.held_seconds
         if attrs:
             self.span.set_attributes(attrs)
 

@@ -126,7 +126,8 @@ def _by_class(records: list[RequestRecord]) -> dict:
         good = sum(r.outcome == "good" for r in mine)
         shed = sum(r.outcome == "shed" for r in mine)
         out[name] = {"requests": len(mine), "good": good, "shed": shed, "attainment": good / len(mine),
-                     "admitted_attainment": good / (len(mine) - shed) if len(mine) > shed else 0.0}
+                     "admitted_attainment": good / (len(mine) - shed) if len(mine) > shed else 0.0,
+                     "ttft": _dist([r.ttft for r in mine if r.outcome in ("good", "slo_violated") and r.ttft is not None])}
     return out
 
 

@@ -48,10 +48,11 @@ def test_contract_lists_every_design_metric_once():
     # and its TPOT term's goodput_admission_predicted_tpot_seconds, goodput_admission_tpot_error_seconds
     # and goodput_admission_shed_total{reason}; the service model's batched-line base,
     # goodput_replica_decode_step_base_seconds, once the one-sequence step was learned apart, and
-    # its concave part, goodput_replica_decode_step_log_seconds.
-    assert len(contract.by_source("sidecar")) == 42
+    # its concave part, goodput_replica_decode_step_log_seconds; and the guard's
+    # goodput_admission_held_seconds (requests held for a decode slot).
+    assert len(contract.by_source("sidecar")) == 43
     assert len(contract.by_source("forecaster")) == 23
-    assert len(contract.METRICS) == 65
+    assert len(contract.METRICS) == 66
 
 
 def test_contract_outcomes_are_the_sidecars():

@@ -92,8 +92,8 @@ def test_every_rule_kind_survives_rendering(tmp_path):
     assert config.classify("llama-3.1-8b", "/v1/completions", {}).name == "batch"          # path prefix
     assert config.classify("llama-3.1-8b", chat, {}).name == "interactive"                 # default
     # The goodput guard's settings reach the sidecar, with the loader's defaults where omitted.
-    guard = {n: (c.admission, c.admission_margin, c.priority) for n, c in config.classes.items()}
-    assert guard == {"interactive": (True, 0.25, 2), "batch": (True, 0.2, 0), "agent": (False, 0.2, 1)}
+    guard = {n: (c.admission, c.admission_margin, c.priority, c.admission_hold) for n, c in config.classes.items()}
+    assert guard == {"interactive": (True, 0.25, 2, True), "batch": (True, 0.2, 0, False), "agent": (False, 0.2, 1, True)}
 
 
 def test_default_values_leave_the_guard_off(tmp_path):

@@ -97,7 +97,7 @@ def test_schema_rejects_bad_values():
         chart.validate_schema({"slo": {"classes": [{"name": "x", "ttft": 1, "tpot": 0.1, "objective": 1.5}]}})
     with pytest.raises(helm_python.HelmValuesError, match="unknown|additional"):
         chart.validate_schema({"servng": {}})
-    for bad in ({"admission": "on"}, {"priority": 0.5}, {"admission_margin": 1}):
+    for bad in ({"admission": "on"}, {"priority": 0.5}, {"admission_margin": 1}, {"admission_hold": "no"}):
         with pytest.raises(helm_python.HelmValuesError, match=next(iter(bad))):
             chart.validate_schema({"slo": {"classes": [{"name": "x", "ttft": 1, "tpot": 0.1, **bad}]}})
     chart.validate_schema(values_of("slo-classes-values.yaml"))

@@ -182,13 +182,23 @@ def test_lower_priority_leaves_the_higher_class_room_from_its_arrival_rate():
     z = NormalDist().inv_cdf(0.99)
     lows = [g.arrive(low, PROMPT, True, Timer(10.0), 10.0) for _ in range(9)]
     assert [t.admitted for t in lows] == [True] * 8 + [False]
-    assert lows[8].reason == "tpot" and lows[8].batch_limit == pytest.approx(14 - 2 - z * math.sqrt(2))
+    # The 9th is held for a slot, not refused: a stream ends every 10 s / 10 in flight = 1 s, and its
+    # TTFT threshold (half of high's 8 s: 4 s) less the predicted 0.04 s leaves room to wait for one.
+    assert lows[8].held and lows[8].reason is None and lows[8].deadline == pytest.approx(10.0 + 4.0 - 0.04)
+    assert lows[8].batch_limit == pytest.approx(14 - 2 - z * math.sqrt(2))
     assert lows[8].predicted_tpot == pytest.approx(0.02 + 0.01 * 11)   # its own TPOT would have been fine
-    assert "would make the decode batch 11, past the 10 that keep time per output token under 0.160 s" in lows[8].detail
-    # High still finds its room, up to the batch the step allows.
+    # High still finds its room, up to the batch the step allows; past it, high is held too, ahead of low.
     more = [g.arrive(high, PROMPT, True, Timer(11.0 + k), 11.0 + k) for k in range(5)]
     assert [t.admitted for t in more] == [True, True, True, True, False]
-    assert more[4].reason == "tpot" and more[4].join_batch == 15
+    assert more[4].held and more[4].join_batch == 15
+    assert g.held == 2
+    # Nothing finished by low's deadline: it is refused then, with why, and high waits on to its own.
+    assert g.review(lows[8].deadline) == [lows[8]]
+    assert lows[8].reason == "tpot" and not lows[8].held
+    # By then high fills the batch to 14: the refusal names what holds at its deadline.
+    assert "predicted time per output token (0.170 s, decoding beside 14 others" in lows[8].detail
+    assert "held 3.96 s for a decode slot, none came in time" in lows[8].detail
+    assert more[4].held and g.held == 1
 
 
 def test_the_tightest_tpot_in_flight_limits_a_looser_class():
@@ -250,3 +260,69 @@ def test_at_debug_level_every_refusal_and_finished_stream_is_logged(caplog):
     assert len(lines) == 2
     assert lines[0].startswith("shed class=a reason=tpot join=13 predicted_tpot=0.167 tpot_threshold=0.160 batch_limit=12.000")
     assert lines[1].startswith("done class=a join=1 predicted_tpot=0.030 measured_tpot=0.100 ")
+
+
+# ---- holding a request for a decode slot ---------------------------------------------------------
+
+def test_a_request_with_ttft_to_spare_waits_for_a_slot_and_the_higher_class_gets_it_first():
+    # Batch limit 14 (step 20 ms + 10 ms x B under 0.16 s); 14 s in flight: a stream ends about
+    # every second. TTFT 10 s: threshold 8 s for high, 4 s (half of high's) for low.
+    g = guard(cls("high", priority=1), cls("low", priority=0))
+    high, low = g._classes
+    g.in_flight_seconds = 14.0
+    first = [g.arrive(high, PROMPT, True, Timer(0.0, 0.0), 0.0) for _ in range(14)]
+    assert all(t.admitted for t in first)
+    waiting_low = g.arrive(low, PROMPT, True, Timer(1.0), 1.0)
+    waiting_high = g.arrive(high, PROMPT, True, Timer(2.0), 2.0)
+    assert waiting_low.held and waiting_high.held
+    assert g.review(2.5) == []                       # nothing finished: both still held
+    # One stream ends: the slot goes to high, although low has waited longer.
+    g.finish(first[0], timing(0.0, 3.0, 1))
+    assert g.review(3.0) == [waiting_high]
+    assert waiting_high.admitted and waiting_high.held_seconds == pytest.approx(1.0)
+    assert waiting_high.predicted_ttft == pytest.approx(1.0 + 0.15)   # held 1 s + step(13)
+    assert waiting_low.held
+    # The next slot is not low's either: high's 16 arrivals in 2 s reserve the batch (Little's law).
+    g.finish(first[1], timing(0.0, 3.5, 1))
+    assert g.review(3.5) == [] and waiting_low.held
+    assert g.review(waiting_low.deadline) == [waiting_low] and waiting_low.reason == "tpot"
+    assert g.held == 0
+
+
+def test_a_request_is_refused_at_once_when_the_wait_for_a_slot_would_outlast_its_ttft():
+    g = guard(cls(ttft=1.0))                         # threshold 0.8 s
+    slo = g._classes[0]
+    g.in_flight_seconds = 28.0                       # 14 in flight: a stream ends every 2 s
+    tickets = [g.arrive(slo, PROMPT, True, Timer(0.0, 0.0), 0.0) for _ in range(15)]
+    assert [t.admitted for t in tickets] == [True] * 14 + [False]
+    assert tickets[14].reason == "tpot" and not tickets[14].held and g.held == 0
+
+
+def test_held_requests_of_one_class_go_in_arrival_order_and_a_late_one_queues_behind():
+    g = guard(cls())
+    slo = g._classes[0]
+    g.in_flight_seconds = 14.0
+    full = [g.arrive(slo, PROMPT, True, Timer(0.0, 0.0), 0.0) for _ in range(14)]
+    a = g.arrive(slo, PROMPT, True, Timer(1.0), 1.0)
+    b = g.arrive(slo, PROMPT, True, Timer(1.5), 1.5)
+    assert a.held and b.held
+    g.finish(full[0], timing(0.0, 2.0, 1))
+    assert g.review(2.0) == [a]                      # one slot: the one held longest
+    assert b.held
+    g.withdraw(b, 2.2)                               # its client went away
+    assert b.was_held and b.held_seconds == pytest.approx(0.7)
+    assert g.held == 0 and g.review(2.5) == []
+
+
+def test_learning_leaves_out_the_time_a_request_was_held():
+    g = guard(cls())
+    slo = g._classes[0]
+    g.in_flight_seconds = 14.0
+    full = [g.arrive(slo, PROMPT, True, Timer(0.0, 0.0), 0.0) for _ in range(14)]
+    held = g.arrive(slo, PROMPT, True, Timer(1.0), 1.0)
+    g.finish(full[0], timing(0.0, 3.0, 1))
+    assert g.review(3.0) == [held] and held.held_seconds == pytest.approx(2.0)
+    before = g.in_flight_seconds
+    # Measured from its arrival: TTFT 2.0 s (2 s held, nothing at the engine), 6 s in all.
+    g.finish(held, timing(2.0, 6.0, 1))
+    assert g.in_flight_seconds == pytest.approx(0.9 * before + 0.1 * 4.0)   # 4 s at the engine, not 6

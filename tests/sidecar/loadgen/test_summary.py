@@ -51,5 +51,8 @@ def test_shed_requests_and_per_class_attainment():
     s = summarise(records, 10.0)
     # 4 good of 6 sent; of the 5 admitted, 4 good. A shed request is neither completed nor an error.
     assert (s.shed, s.errors, s.completed, s.attainment, s.admitted_attainment) == (1, 0, 5, 4 / 6, 4 / 5)
+    ttft = {name: s.by_class[name].pop("ttft") for name in ("high", "low")}
     assert s.by_class == {"high": {"requests": 4, "good": 4, "shed": 0, "attainment": 1.0, "admitted_attainment": 1.0},
                           "low": {"requests": 2, "good": 0, "shed": 1, "attainment": 0.0, "admitted_attainment": 0.0}}
+    # TTFT per class over the requests that were served (the shed one has none).
+    assert ttft["high"]["p50"] == pytest.approx(0.1) and ttft["low"]["p99"] == pytest.approx(3.0)
