@@ -333,52 +333,50 @@ def decode_mix_load(url: str, rate: float, count: int, seed: int, mix: dict[str,
     return asyncio.run(run())
 
 
-def test_two_classes_past_a_decode_bound_knee_the_low_one_absorbs_the_shedding(sidecars, decode_bound):
-    # This upstream's knee is about 15 req/s (a batch of 15 at the 0.04-s threshold decodes 24
-    # tokens in about a second). At 30 req/s, a quarter high: high offers half the knee. The guard
-    # must keep high in time and refuse low. (It passed before `rising_rate` too: this is the
-    # priority order end to end; the step-up is `test_the_rising_rate_follows_a_step_up...`.)
-    classes = [{"name": "high", "ttft": 2.0, "tpot": TPOT, "admission": True, "priority": 1},
+TWO_CLASSES = [{"name": "high", "ttft": 2.0, "tpot": TPOT, "admission": True, "priority": 1},
                {"name": "low", "ttft": 2.0, "tpot": TPOT, "admission": True, "priority": 0}]
-    on = sidecars.start(decode_bound, models=("scripted",), slo=slo_config(*classes))
-    mix = {"high": 1.0, "low": 3.0}
-    for rate, count, seed in ((5.0, 20, 31), (12.0, 60, 32)):
-        assert [r.outcome for r in decode_mix_load(on.url, rate, count, seed, mix)].count("shed") == 0
+
+
+def two_class_run(on, mix: dict[str, float], seed: int) -> tuple[list, list]:
+    """Learn below the knee (high never shed there), then 300 requests at 30 req/s (2x the knee),
+    up to ATTEMPTS runs until high keeps >= 95 % and the admitted >= 90 %: (high, low) records.
+    (At 12 req/s low may be shed while learning: at a 1:1 mix high's 6 req/s x ~1 s in flight, up
+    to its 99 % Poisson quantile, reserves most of the batch.)"""
+    for rate, count, warm_seed in ((5.0, 20, seed), (12.0, 60, seed + 1)):
+        warm_records = decode_mix_load(on.url, rate, count, warm_seed, mix)
+        assert [r.outcome for r in warm_records if r.slo_class == "high"].count("shed") == 0
     for attempt in range(ATTEMPTS):
-        records = decode_mix_load(on.url, 30.0, 300, 33 + attempt, mix)
+        records = decode_mix_load(on.url, 30.0, 300, seed + 2 + attempt, mix)
         high = [r for r in records if r.slo_class == "high"]
         low = [r for r in records if r.slo_class == "low"]
         admitted = [r for r in records if r.outcome != "shed"]
         high_good = sum(r.outcome == "good" for r in high) / len(high)
         if high_good >= 0.95 and sum(r.outcome == "good" for r in admitted) / len(admitted) >= 0.9:
-            break
-    else:
-        pytest.fail(f"high class {high_good:.1%} in time, low shed {sum(r.outcome == 'shed' for r in low)} of {len(low)}")
+            return high, low
+    pytest.fail(f"high class {high_good:.1%} in time, low shed {sum(r.outcome == 'shed' for r in low)} of {len(low)}")
+
+
+def test_two_classes_past_a_decode_bound_knee_the_low_one_absorbs_the_shedding(sidecars, decode_bound):
+    # This upstream's knee is about 15 req/s (a batch of 15 at the 0.04-s threshold decodes 24
+    # tokens in about a second). At 30 req/s, a quarter high: high offers half the knee. The guard
+    # must keep high in time and refuse low. (It passed before `rising_rate` too: this is the
+    # priority order end to end; the step-up is `test_the_rising_rate_follows_a_step_up...`.)
+    on = sidecars.start(decode_bound, models=("scripted",), slo=slo_config(*TWO_CLASSES))
+    high, low = two_class_run(on, {"high": 1.0, "low": 3.0}, seed=31)
     assert sum(r.outcome == "shed" for r in low) >= 0.4 * len(low)
 
 
 def test_two_classes_at_the_knee_each_the_high_one_waits_for_a_slot_instead_of_being_refused(sidecars, decode_bound):
     # High alone offers the knee (15 req/s of 30). Refused at once when the batch is full, high lost
     # Erlang's B(15, ~13) = 9-15 % of its arrivals (82-95 % in time); held for the next slot (a
-    # stream ends about every 70 ms here, its TTFT threshold is 1.6 s) it keeps >= 95 %.
-    classes = [{"name": "high", "ttft": 2.0, "tpot": TPOT, "admission": True, "priority": 1},
-               {"name": "low", "ttft": 2.0, "tpot": TPOT, "admission": True, "priority": 0}]
-    on = sidecars.start(decode_bound, models=("scripted",), slo=slo_config(*classes))
-    mix = {"high": 1.0, "low": 1.0}
-    for rate, count, seed in ((5.0, 20, 41), (12.0, 60, 42)):
-        # Learning below the knee: high is never shed. (At 12 req/s low may be: high's 6 req/s x ~1 s
-        # in flight, up to its 99 % Poisson quantile, reserves most of the batch.)
-        warm_records = decode_mix_load(on.url, rate, count, seed, mix)
-        assert [r.outcome for r in warm_records if r.slo_class == "high"].count("shed") == 0
-    for attempt in range(ATTEMPTS):
-        records = decode_mix_load(on.url, 30.0, 300, 43 + attempt, mix)
-        high = [r for r in records if r.slo_class == "high"]
-        admitted = [r for r in records if r.outcome != "shed"]
-        high_good = sum(r.outcome == "good" for r in high) / len(high)
-        if high_good >= 0.95 and sum(r.outcome == "good" for r in admitted) / len(admitted) >= 0.9:
-            break
-    else:
-        pytest.fail(f"high class {high_good:.1%} in time")
+    # stream ends about every 70 ms here, its TTFT threshold is 1.6 s) it keeps >= 95 %. (With
+    # admission_hold false this test fails: high 84.5 % in its last attempt.)
+    on = sidecars.start(decode_bound, models=("scripted",), slo=slo_config(*TWO_CLASSES))
+    high, _ = two_class_run(on, {"high": 1.0, "low": 1.0}, seed=41)
+    # The client has its last [DONE] a moment before the sidecar's handler has accounted it.
+    deadline = time.monotonic() + 5
+    while on.app.active and time.monotonic() < deadline:
+        time.sleep(0.02)
     held = {c: on.value("goodput_admission_held_seconds_count", model="scripted", slo_class=c) for c in ("high", "low")}
     assert held["high"] > 0                      # high did wait for slots...
     assert max(r.ttft for r in high if r.ttft is not None) < 2.0   # ...within its TTFT

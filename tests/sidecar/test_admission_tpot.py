@@ -298,11 +298,17 @@ def test_a_request_is_refused_at_once_when_the_wait_for_a_slot_would_outlast_its
     assert tickets[14].reason == "tpot" and not tickets[14].held and g.held == 0
 
 
-def test_held_requests_of_one_class_go_in_arrival_order_and_a_late_one_queues_behind():
+def full_batch() -> tuple[Admission, object, list]:
+    """One class, its batch limit of 14 reached at t = 0; 14 s in flight: a stream ends about
+    every second."""
     g = guard(cls())
     slo = g._classes[0]
     g.in_flight_seconds = 14.0
-    full = [g.arrive(slo, PROMPT, True, Timer(0.0, 0.0), 0.0) for _ in range(14)]
+    return g, slo, [g.arrive(slo, PROMPT, True, Timer(0.0, 0.0), 0.0) for _ in range(14)]
+
+
+def test_held_requests_of_one_class_go_in_arrival_order_and_a_late_one_queues_behind():
+    g, slo, full = full_batch()
     a = g.arrive(slo, PROMPT, True, Timer(1.0), 1.0)
     b = g.arrive(slo, PROMPT, True, Timer(1.5), 1.5)
     assert a.held and b.held
@@ -315,10 +321,7 @@ def test_held_requests_of_one_class_go_in_arrival_order_and_a_late_one_queues_be
 
 
 def test_learning_leaves_out_the_time_a_request_was_held():
-    g = guard(cls())
-    slo = g._classes[0]
-    g.in_flight_seconds = 14.0
-    full = [g.arrive(slo, PROMPT, True, Timer(0.0, 0.0), 0.0) for _ in range(14)]
+    g, slo, full = full_batch()
     held = g.arrive(slo, PROMPT, True, Timer(1.0), 1.0)
     g.finish(full[0], timing(0.0, 3.0, 1))
     assert g.review(3.0) == [held] and held.held_seconds == pytest.approx(2.0)
