@@ -59,6 +59,7 @@ MIN_SAMPLES streams have finished: a guess is not a reason to refuse.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 from collections import deque
@@ -256,8 +257,7 @@ class Admission:
     def _hold(self, ticket: Ticket, deadline: float) -> Ticket:
         ticket.admitted, ticket.reason, ticket.detail = False, None, ""
         ticket.held, ticket.was_held, ticket.deadline = True, True, deadline
-        self._held.append(ticket)
-        self._held.sort(key=lambda t: (-t.slo.priority, t.arrived))
+        bisect.insort(self._held, ticket, key=_held_order)
         return ticket
 
     def _held_remove(self, ticket: Ticket) -> None:
@@ -459,6 +459,11 @@ class Admission:
             else:
                 decoding += 1
         return waiting, n_waiting, decoding
+
+
+def _held_order(t: Ticket) -> tuple[int, float]:
+    """Held requests are judged highest priority first, then longest held first."""
+    return -t.slo.priority, t.arrived
 
 
 def _fmt(value: float | None) -> str:
