@@ -142,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     guard = {"admission": True, "admission_margin": args.margin}
     engine_url = f"http://127.0.0.1:{args.port}"
     arms = ("hold", "refuse") if args.hold_arms else ("two",)
-    urls = {name: f"http://127.0.0.1:{args.port + i}" for i, name in enumerate(("off", "on", *arms), 1)}
+    ports = {name: args.port + i for i, name in enumerate(("off", "on", *arms), 1)}
+    urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     if args.scripted is not None:
         engine = ServerProcess([sys.executable, "-m", "sidecar.bench.scripted_upstream", "--port", str(args.port),
                                 *shlex.split(args.scripted)], engine_url + "/health", timeout=60, name="scripted")
@@ -164,11 +165,11 @@ def main(argv: list[str] | None = None) -> int:
                   "--quiet", *(["--tokenizer", str(tok)] if tok else []),
                   *(["--model", "scripted"] if args.scripted is not None else [])]
         if not args.only_classes:
-            servers.append(sidecar(args.port + 1, engine_url, [{"name": "interactive", **base}], args.out, "off"))
-            servers.append(sidecar(args.port + 2, engine_url, [{"name": "interactive", **base, **guard}], args.out, "on"))
+            servers.append(sidecar(ports["off"], engine_url, [{"name": "interactive", **base}], args.out, "off"))
+            servers.append(sidecar(ports["on"], engine_url, [{"name": "interactive", **base, **guard}], args.out, "on"))
         for arm in arms:
             hold = {} if arm == "two" else {"admission_hold": arm == "hold"}
-            servers.append(sidecar(int(urls[arm].rsplit(":", 1)[1]), engine_url,
+            servers.append(sidecar(ports[arm], engine_url,
                                    [{"name": "high", **base, **guard, **hold, "priority": 1},
                                     {"name": "low", **base, **guard, **hold, "priority": 0}], args.out, arm,
                                    log_level="debug" if args.decision_log else "warning"))

@@ -194,21 +194,19 @@ class Admission:
         self._arrivals[slo.name].add(now)
         chars, ids = prompt_chars(doc)
         own = max(1.0, chars / self._chars_per_token + ids)
-        ticket = Ticket(True, None, self._thresholds[slo.name], prompt_tokens=own, chars=chars, arrived=now,
-                        timer=timer, stream=stream, tpot_threshold=self._tpot_thresholds[slo.name], slo=slo)
-        # Requests of its class or above already held for a slot go first: it waits behind them.
-        ahead = sum(1 for t in self._held if t.slo.priority >= slo.priority) if slo.admission else 0
-        return self._judge(ticket, now, held_ahead=ahead)
+        ticket = Ticket(True, prompt_tokens=own, chars=chars, arrived=now, timer=timer, stream=stream,
+                        tpot_threshold=self._tpot_thresholds[slo.name], slo=slo)
+        return self._judge(ticket, now)
 
-    def _judge(self, ticket: Ticket, now: float, held_ahead: int = 0) -> Ticket:
+    def _judge(self, ticket: Ticket, now: float) -> Ticket:
         """Predict TTFT and TPOT for `ticket` sent now, and admit, shed or hold it. A held ticket
         has waited `now - arrived` already: that counts against its TTFT."""
-        self._decide(ticket, now, held_ahead)
+        self._decide(ticket, now)
         if ticket.was_held:
             ticket.held_seconds = now - ticket.arrived
         return ticket
 
-    def _decide(self, ticket: Ticket, now: float, held_ahead: int) -> Ticket:
+    def _decide(self, ticket: Ticket, now: float) -> Ticket:
         slo, waited = ticket.slo, now - ticket.arrived
         waiting, n_waiting, batch = self._queue(now)
         ahead = waiting + ticket.prompt_tokens
@@ -224,8 +222,8 @@ class Admission:
         ticket.predicted_ttft = None if predicted is None else waited + predicted
         ticket.threshold, ticket.tokens_ahead, ticket.batch, ticket.batch_mean = threshold, ahead, batch, batch_mean
         ticket.predicted_tpot, ticket.join_batch = predicted_tpot, join
-        blocked = self._tpot_block(ticket, rho, now) if slo.admission and predicted_tpot is not None else None
-        if blocked is not None and ticket.held:
+        judge_tpot = slo.admission and predicted_tpot is not None
+        if ticket.held and judge_tpot and (blocked := self._tpot_block(ticket, rho, now)) is not None:
             if now < ticket.deadline:
                 return ticket   # still held: a later `review` decides
             excess, why = blocked
@@ -238,15 +236,17 @@ class Admission:
                                 f"this request's predicted time to first token ({ticket.predicted_ttft:.2f} s"
                                 + (f", {waited:.2f} s of it held for a decode slot" if ticket.held else "")
                                 + f") exceeds what SLO class {slo.name!r} allows ({threshold:.2f} s)")
-        if blocked is not None:
+        if not ticket.held and judge_tpot and (blocked := self._tpot_block(ticket, rho, now)) is not None:
             # Held for a slot instead, while its TTFT has room for the wait: a stream ends about every
-            # `seconds per finish`, and it needs `excess` of them, after those held ahead of it.
+            # `seconds per finish`, and it needs `excess` of them, after those of its class or above
+            # already held (they go first).
             excess, why = blocked
             per_finish = self._seconds_per_finish(join - 1)
             budget = threshold - (ticket.predicted_ttft if ticket.predicted_ttft is not None else waited)
-            if (slo.admission_hold and self.in_flight_seconds is not None
-                    and (held_ahead + max(1, math.ceil(excess))) * per_finish <= budget):
-                return self._hold(ticket, now + budget)
+            if slo.admission_hold and self.in_flight_seconds is not None:
+                ahead = sum(1 for t in self._held if t.slo.priority >= slo.priority)
+                if (ahead + max(1, math.ceil(excess))) * per_finish <= budget:
+                    return self._hold(ticket, now + budget)
             return self._refuse(ticket, "tpot", excess * per_finish, why)
         ticket.admitted, ticket.reason, ticket.detail = True, None, ""
         self._held_remove(ticket)
@@ -263,31 +263,25 @@ class Admission:
     def _held_remove(self, ticket: Ticket) -> None:
         if ticket.held:
             ticket.held = False
-            try:
-                self._held.remove(ticket)
-            except ValueError:
-                pass
+            self._held.remove(ticket)
 
     @property
     def held(self) -> int:
         """Requests waiting in this sidecar for a decode slot."""
         return len(self._held)
 
-    def next_deadline(self) -> float | None:
-        return min((t.deadline for t in self._held), default=None)
-
     def review(self, now: float) -> list[Ticket]:
         """Judge the held requests again, highest priority and longest held first (a slot freed,
         or a deadline came); returns those now decided, admitted or shed. One that still does not
         fit keeps every request behind it, of its priority or lower, waiting: nobody overtakes."""
         decided: list[Ticket] = []
-        blocked_at: int | None = None
+        blocked = False   # the first still held blocks the rest (all of its priority or lower: the order)
         for ticket in list(self._held):
-            if blocked_at is not None and ticket.slo.priority <= blocked_at and now < ticket.deadline:
+            if blocked and now < ticket.deadline:
                 continue
             self._judge(ticket, now)
             if ticket.held:
-                blocked_at = ticket.slo.priority if blocked_at is None else max(blocked_at, ticket.slo.priority)
+                blocked = True
             else:
                 decided.append(ticket)
         return decided

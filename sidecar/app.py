@@ -244,16 +244,15 @@ class Sidecar:
             if capture:
                 span.capture_input(doc)
             ticket = self.admission.arrive(slo, doc, stream, timer, _clock())
+            self.metrics.arrived_now(label, slo.name)   # before it is held, served or shed
+            arrival_counted = True
             if ticket.held:
-                # Demand counts when it arrives, not when a slot frees (the forecaster reads it).
-                self.metrics.arrived_now(label, slo.name)
-                arrival_counted = True
                 await self._hold(ticket)
             if ticket.shed:
                 return self._shed(ticket)
             headers = upstream_headers(request, measured=True)
             span.inject(headers)
-            self.metrics.started(label, slo.name, arrival_counted)
+            self.metrics.started(label)
             in_flight = True
             upstream = await self.pool.request("POST", request.raw_path, headers, body)
             head = upstream.head

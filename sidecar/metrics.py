@@ -172,12 +172,11 @@ class SidecarMetrics:
                 self.slo_target.labels(slo.name, objective).set(seconds)
 
     def arrived_now(self, model: str, slo_name: str) -> None:
-        """Count an arrival before it is served or refused (a request the guard holds for a slot)."""
+        """Count a judged request's arrival, before it is held, served or refused: demand counts
+        when it arrives (the forecaster reads it)."""
         self.arrived.labels(model, slo_name).inc()
 
-    def started(self, model: str, slo_name: str, arrival_counted: bool = False) -> None:
-        if not arrival_counted:
-            self.arrived.labels(model, slo_name).inc()
+    def started(self, model: str) -> None:
         self.in_flight.labels(model).inc()
 
     def admission(self, model: str, slo_name: str, ticket, checked) -> None:
@@ -212,15 +211,15 @@ class SidecarMetrics:
         return found
 
     def finished(self, model: str, slo: SloClass, timing: RequestTiming, verdict: Verdict,
-                 in_flight: bool = True, arrival_counted: bool = False) -> None:
+                 in_flight: bool = True, arrival_counted: bool = True) -> None:
         """Record one ended request (called exactly once, from the proxy's finally). `in_flight`
-        is False for a request refused before it was counted as started (e.g. 413);
-        `arrival_counted` True for one whose arrival was counted already (`arrived_now`)."""
+        is False for a request refused before it was counted as started (e.g. 413 or a shed one);
+        `arrival_counted` False for one refused before its arrival was counted (`arrived_now`)."""
         requests, ttft, tpot, e2e, input_tokens, output_tokens, flight = self._children(model, slo.name)
         if in_flight:
             flight.dec()
-        elif not arrival_counted:
-            # Refused before it started (e.g. 413): it still arrived, so demand counts it once.
+        if not arrival_counted:
+            # Refused before it was judged (e.g. 413): it still arrived, so demand counts it once.
             self.arrived.labels(model, slo.name).inc()
         requests[verdict.outcome].inc()
         if verdict.outcome == "shed":

@@ -248,9 +248,11 @@ def test_shed_requests_are_demand_in_what_the_real_sidecar_exposes():
     refused = RequestTiming(ttft=None, e2e=0.001, itl=[], tpot=None, output_tokens=0, input_tokens=None, finish_reasons=[],
                             error=None, usage_seen=False, model=None)
     for _ in range(5):
-        metrics.started("m", slo.name)
+        metrics.arrived_now("m", slo.name)
+        metrics.started("m")
         metrics.finished("m", slo, served, Verdict("good"))
     for _ in range(3):
+        metrics.arrived_now("m", slo.name)
         metrics.finished("m", slo, refused, Verdict("shed"), in_flight=False)
     got = parse_metrics(generate_latest(registry).decode())
     assert (got["arrivals"], got["good"]) == (8.0, 5.0)
