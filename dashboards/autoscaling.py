@@ -123,6 +123,18 @@ def build():
                   "output p99"),
         ], "short", min=0, description="The shape of the token mix the service model plans for: how long the long "
                                        "prompts are sets the TTFT tail (buckets are powers of two)."),
+        series("Arrival clumping", [
+            Query(f"max({m('goodput_replica_arrival_dispersion')})", "planned on (at a prompt's service time)"),
+            *[Query(f"avg((sum by (instance) (rate({m('goodput_requests_arrived_squared_total')}"
+                    f"{{{MODEL},window_seconds=\"{w}\"}}[{RATE}])) - "
+                    f"sum by (instance) (rate({m('goodput_requests_arrived_total')}{{{MODEL}}}[{RATE}])) ^ 2 * {w}) / "
+                    f"sum by (instance) (rate({m('goodput_requests_arrived_total')}{{{MODEL}}}[{RATE}])))",
+                    f"{w}-s windows") for w in ("0.1", "1", "10")],
+        ], "short", min=0, description="Index of dispersion (variance / mean) of the requests one replica receives: 1 "
+                                       "for Poisson arrivals, more where they come in clumps. Per window length from "
+                                       "the sidecars' counters (over the rate interval, so slower swings of the rate "
+                                       "count too), and the value the service model queues prompts with: read at a "
+                                       "prompt's mean service time, over each forecast step."),
         series("Engine iterations and generation", [
             Query(f"sum(rate({m('goodput_engine_steps_total')}{{{MODEL}}}[{RATE}]))", "iterations/s"),
             Query(f"sum(rate({m('goodput_engine_generation_tokens_total')}{{{MODEL}}}[{RATE}]))", "generated tokens/s"),

@@ -32,6 +32,7 @@ SHED_REASONS = ("ttft", "tpot")
 _SIDECAR = [
     Metric("goodput_requests_total", "counter", ("model", "slo_class", "outcome"), "sidecar"),
     Metric("goodput_requests_arrived_total", "counter", ("model", "slo_class"), "sidecar"),
+    Metric("goodput_requests_arrived_squared_total", "counter", ("model", "window_seconds"), "sidecar"),
     Metric("goodput_slo_violations_total", "counter", ("model", "slo_class", "objective"), "sidecar"),
     Metric("goodput_ttft_seconds", "histogram", ("model", "slo_class"), "sidecar"),
     Metric("goodput_tpot_seconds", "histogram", ("model", "slo_class"), "sidecar"),
@@ -100,6 +101,7 @@ _FORECASTER = [
     Metric("goodput_replica_kv_capacity_tokens", "gauge", ("bound",), "forecaster"),
     Metric("goodput_replica_ttft_overhead_seconds", "gauge", ("bound",), "forecaster"),
     Metric("goodput_replica_tokens_per_request", "gauge", ("kind",), "forecaster"),
+    Metric("goodput_replica_arrival_dispersion", "gauge", (), "forecaster"),
     # Each published forecast against what was observed one horizon later (forecaster/scoring.py).
     Metric("goodput_forecast_error_absolute", "gauge", ("quantity", "horizon_seconds"), "forecaster"),
     Metric("goodput_forecast_error_ratio", "gauge", ("quantity", "horizon_seconds"), "forecaster"),

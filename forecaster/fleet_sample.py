@@ -37,6 +37,8 @@ class StepObservation:
     engine_steps: float | None = None       # engine iterations in the step (whole fleet)
     prefilled_tokens: float | None = None   # prompt tokens the engines computed in the step (counted at
                                             # prefill, unlike input_tokens: at the end; cache hits excluded)
+    arrivals: float | None = None           # requests that arrived in the step (whole fleet)
+    arrivals_squared: dict | None = None    # {window s: Σ over each sidecar's windows of (arrivals in it)²}, in the step
 
 
 @dataclass
@@ -68,6 +70,9 @@ class FleetSample:
     prompt_computed_total: float | None = None    # goodput_engine_prompt_tokens_computed_total (at prefill)
     input_token_hist_total: dict | None = None    # goodput_request_input_tokens: {le: cumulative count}
     output_token_hist_total: dict | None = None
+    # goodput_requests_arrived_squared_total: {window seconds: Σ over each sidecar's windows of
+    # (requests arrived in that window)²}; with arrivals_total, how clumped arrivals come.
+    arrivals_squared_total: dict | None = None
     slos: tuple | None = None                 # the sidecars' SLO classes (service_model.Slo)
 
 
@@ -91,6 +96,14 @@ def hist_delta(prev: dict | None, cur: dict | None) -> dict | None:
         out[le] = max(0.0, cum[le] - below)
         below = cum[le]
     return out
+
+
+def _dict_delta(prev: dict | None, cur: dict | None) -> dict | None:
+    """Per-key counter increases over one step, for the keys both have and that did not reset."""
+    if not prev or not cur:
+        return None
+    out = {k: d for k in cur if (d := delta(prev.get(k), cur[k])) is not None}
+    return out or None
 
 
 def _mean_gauge(a: float, b: float) -> float:
@@ -128,4 +141,6 @@ def step_observation(prev: FleetSample, cur: FleetSample, arrival_rps: float | N
         output_hist=hist_delta(prev.output_token_hist_total, cur.output_token_hist_total),
         generated_tokens=delta(prev.generation_tokens_total, cur.generation_tokens_total),
         engine_steps=delta(prev.engine_steps_total, cur.engine_steps_total),
-        prefilled_tokens=delta(prev.prompt_computed_total, cur.prompt_computed_total))
+        prefilled_tokens=delta(prev.prompt_computed_total, cur.prompt_computed_total),
+        arrivals=delta(prev.arrivals_total, cur.arrivals_total),
+        arrivals_squared=_dict_delta(prev.arrivals_squared_total, cur.arrivals_squared_total))

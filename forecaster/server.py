@@ -174,6 +174,11 @@ def _service_families(d: Decision):
     t.add_metric(["prompt"], p.prompt_mean)
     t.add_metric(["output"], p.output_mean)
     yield t
+    yield GaugeMetricFamily("goodput_replica_arrival_dispersion", "Index of dispersion (variance / mean) of the "
+                            "requests one replica receives per second, from the sidecars' "
+                            "goodput_requests_arrived_squared_total: 1 for Poisson arrivals, more where they come "
+                            "in clumps (the service model queues them so; 1 until 50 arrivals are counted)",
+                            value=p.arrival_dispersion)
 
 
 def _score_families(scores: dict, h: str):

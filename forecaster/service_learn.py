@@ -41,7 +41,7 @@ import numpy as np
 
 from forecaster.fleet_sample import StepObservation
 from forecaster.robust_line import RobustLine, weighted_median
-from forecaster.service_model import ServiceModel, TokenMix, log_one_plus_poisson, seen_step_s
+from forecaster.service_model import ServiceModel, TokenMix, dispersion_at, log_one_plus_poisson, seen_step_s
 
 _Z90 = 1.645
 # The token budget a step assumed in predictions when the engine's is not known: vLLM's
@@ -66,6 +66,7 @@ class FittedParams:
     ttft_overhead_s: tuple[float, float] = (0.0, 0.0)
     decode_single_s: tuple[float, float] = (math.nan, math.nan)   # one sequence alone
     decode_log_s: tuple[float, float] = (0.0, 0.0)                 # the step's concave part
+    arrival_dispersion: float = 1.0                                # arrivals' index of dispersion at the prompt queue's scale
 
 
 class OnlineServiceModel:
@@ -100,6 +101,11 @@ class OnlineServiceModel:
         self._kv = [0.0, 0.0, 0.0]
         self._mix = [0.0, 0.0, 0.0]  # sum w (requests), prompt tokens, output tokens
         self._hist = ({}, {})         # decayed per-request token histograms (prompt, output), where exported
+        # How clumped arrivals come, per window of the sidecars' counters: Σ (arrivals a window)²
+        # less what the step's own mean rate accounts for; and the arrivals counted beside them
+        # (the index of dispersion is their ratio).
+        self._disp: dict[float, float] = {}
+        self._disp_n = 0.0
         self.num_steps = 0
         if prior is not None:
             self._seed(prior)
@@ -142,6 +148,8 @@ class OnlineServiceModel:
         for acc in (self._overhead, self._kv, self._mix):
             for i in range(3):
                 acc[i] *= f
+        self._disp = {w: v * f for w, v in self._disp.items()}
+        self._disp_n *= f
         for hist in self._hist:
             for k in hist:
                 hist[k] *= f
@@ -158,7 +166,21 @@ class OnlineServiceModel:
             self._mix[0] += o.ended
             self._mix[1] += o.input_tokens
             self._mix[2] += o.output_tokens
+        if o.arrivals_squared and o.arrivals is not None and o.arrivals > 0:
+            # In the R·dt / w windows of w seconds the step holds across replicas, arrivals have
+            # mean n·w / (R·dt); Σ n_i² less the windows' count times that mean squared is their
+            # variance about it, times the windows' count: n for Poisson arrivals, more for clumps.
+            # The step's own mean is taken out, so a rate that moves between steps (the forecast's
+            # business) does not count as clumping; taking it out of the same counts costs one of
+            # the dt / w windows' worth (Poisson leaves n·(1 − w / dt), as a sample variance's
+            # n − 1), which is put back. Windows over a quarter of the step say too little.
+            for w, squares in o.arrivals_squared.items():
+                if w <= o.dt / 4.0:
+                    excess = squares - o.arrivals ** 2 * w / (r * o.dt)
+                    self._disp[w] = self._disp.get(w, 0.0) + excess / (1.0 - w / o.dt)
+            self._disp_n += o.arrivals
         p_mean, o_mean = self.mix_means()
+        dispersion = self.arrival_dispersion()
         # The load the requests that ended in this step met: the rate they leave at, not the rate new
         # ones arrive at. Their TTFT and TPOT were formed over the seconds before they ended; a step's
         # arrivals can have stopped (or begun) meanwhile. Inverting the prompt queue at no arrivals
@@ -223,7 +245,7 @@ class OnlineServiceModel:
                 # prompts a step carries), its own compute, and the step that samples its first
                 # token. So the same M/G/1 inversion as from TTFT, on the engine's own clock.
                 net = max(queue_mean + prefill_mean - 1.5 * step, 0.1 * prefill_mean)
-                k = _service_per_token(net, lam_r, p_mean, self._prompt_m2(p_mean))
+                k = _service_per_token(net, lam_r, p_mean, self._prompt_m2(p_mean), dispersion)
                 if ttft_mean is not None:
                     extra = ttft_mean - queue_mean - prefill_mean
                     self._add_lin(self._overhead, max(0.0, extra), float(o.ttft_count))
@@ -234,7 +256,7 @@ class OnlineServiceModel:
         elif ttft_mean is not None and p_mean > 0:
             # TTFT less the steps every request waits through (predict counts 1.5 of them).
             net = max(ttft_mean - self.ttft_overhead_s() - 1.5 * step, 0.1 * ttft_mean)
-            k = _service_per_token(net, lam_r, p_mean, self._prompt_m2(p_mean))
+            k = _service_per_token(net, lam_r, p_mean, self._prompt_m2(p_mean), dispersion)
         if k is not None and k > 0:
             # Down-weight steps with a queue: those are transients more than steady state.
             w = float(o.ttft_count or o.prefill_count or 1.0) / (1.0 + max(0.0, o.waiting) / r)
@@ -326,6 +348,27 @@ class OnlineServiceModel:
                 return float(np.mean(np.square(mix.prompt_tokens)))
         return 2.0 * p_mean * p_mean
 
+    def dispersion_by_window(self) -> dict[float, float]:
+        """{window seconds: index of dispersion of the arrivals one replica receives in such a
+        window}, from the sidecars' goodput_requests_arrived_squared_total; empty until 50
+        arrivals are counted beside them."""
+        if self._disp_n < 50.0:
+            return {}
+        return {w: v / self._disp_n for w, v in self._disp.items()}
+
+    def arrival_dispersion(self) -> float:
+        """The index of dispersion at the prompt queue's own time scale, a prompt's mean service
+        time (arrivals closer together than that queue behind each other; slower swings of the
+        rate are the demand forecast's): 1 (Poisson) while unknown, never under 1, so a queue is
+        never planned on smoother arrivals than Poisson."""
+        by_window = self.dispersion_by_window()
+        if not by_window:
+            return 1.0
+        k, _ = self._per_token_k()
+        p_mean, _ = self.mix_means()
+        scale = k * p_mean if (k and p_mean > 0) else min(by_window)
+        return dispersion_at(scale, by_window)
+
     def mix_means(self) -> tuple[float, float]:
         n, p, o = self._mix
         if n <= 0:
@@ -404,7 +447,7 @@ class OnlineServiceModel:
         return ServiceModel(prefill_tokens_per_s=pf, decode_base_s=a, decode_per_seq_s=c, kv_capacity_tokens=kv,
                             max_batch=self.max_batch, step_token_budget=self.step_token_budget or _DEFAULT_BUDGET,
                             ttft_overhead_s=self.ttft_overhead_s(), decode_single_s=self._single_step()[0], decode_log_s=d,
-                            name="learned", source=f"learned online over {self.num_steps} steps")
+                            arrival_dispersion=self.arrival_dispersion(), name="learned", source=f"learned online over {self.num_steps} steps")
 
     def planning_model(self, fitted: ServiceModel | None = None) -> ServiceModel | None:
         """The model to plan capacity on: the decode step's slope at the steep end of its 90 %
@@ -458,18 +501,22 @@ class OnlineServiceModel:
                        else (a_lo + c_lo, a_hi + c_hi))
         return FittedParams(m, (a_lo, a_hi), (c_lo, c_hi),
                             pf_band, kv_band, p, o, self.num_steps, (max(0.0, o_mean - _Z90 * o_sd), o_mean + _Z90 * o_sd),
-                            single_band, d_band)
+                            single_band, d_band, self.arrival_dispersion())
 
 
-def _service_per_token(ttft_mean: float, lam: float, m1: float, m2: float) -> float | None:
-    """Invert the model's prefill queue: the per-token service time k at which an M/G/1 queue of
-    prompts (service P·k, Poisson arrivals at `lam`) has mean TTFT = W + E[S] = `ttft_mean`.
-    TTFT(k) = lam·m2·k² / (2(1 − lam·m1·k)) + m1·k, increasing in k, so the root of
-    (lam·m2 − 2·lam·m1²)·k² + 2·m1·(1 + lam·T)·k − 2T = 0 in (0, 1 / (lam·m1))."""
+def _service_per_token(ttft_mean: float, lam: float, m1: float, m2: float, dispersion: float = 1.0) -> float | None:
+    """Invert the model's prefill queue: the per-token service time k at which an M^X/G/1 queue
+    of prompts (service P·k, clumped arrivals at `lam` with index of dispersion I: Poisson at 1;
+    service_model.ServiceModel._clumped_waits) has mean TTFT = W + E[S] = `ttft_mean`. With
+    M2 = m2 + (I − 1)·m1² (a clump's second moment per request) and g = (I + 1) / 2 (the request
+    itself and the clump members ahead of it), TTFT(k) = lam·M2·k² / (2(1 − lam·m1·k)) + g·m1·k,
+    increasing in k, so the root of (lam·M2 − 2·g·lam·m1²)·k² + 2·m1·(g + lam·T)·k − 2T = 0 in
+    (0, 1 / (lam·m1))."""
     if not (ttft_mean > 0 and m1 > 0):
         return None
-    a = lam * m2 - 2.0 * lam * m1 * m1
-    b = 2.0 * m1 * (1.0 + lam * ttft_mean)
+    g = (dispersion + 1.0) / 2.0
+    a = lam * (m2 + (dispersion - 1.0) * m1 * m1) - 2.0 * g * lam * m1 * m1
+    b = 2.0 * m1 * (g + lam * ttft_mean)
     c = -2.0 * ttft_mean
     if abs(a) < 1e-15:
         k = -c / b

@@ -7,6 +7,7 @@ through `ModelLabels`, SLO classes from the config, outcomes and objectives from
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -101,6 +102,12 @@ class GapHistogram:
         yield family
 
 
+# The windows arrivals are counted in for their burstiness (label value, seconds); the forecaster's
+# service model reads the index of dispersion at a prompt's service time between them
+# (forecaster/service_model.py ARRIVAL_WINDOWS_S, which a test holds equal to these).
+ARRIVAL_WINDOWS = (("0.1", 0.1), ("1", 1.0), ("10", 10.0))
+
+
 class SidecarMetrics:
     def __init__(self, registry: CollectorRegistry, slo_config: SloConfig):
         mc = ("model", "slo_class")
@@ -110,6 +117,16 @@ class SidecarMetrics:
         # by its duration and hides demand exactly when the engine is overloaded.
         self.arrived = Counter("goodput_requests_arrived", "Measured requests, counted when each arrives (before it is served or refused).",
                                mc, registry=registry)
+        # How clumped arrivals come: with goodput_requests_arrived_total, the index of dispersion of
+        # the requests per window (the forecaster's service model queues clumps as they come).
+        self.arrived_squared = Counter(
+            "goodput_requests_arrived_squared",
+            "Sum over consecutive windows of window_seconds of the square of the requests that arrived in "
+            "the window (the window in progress counted as far as it has gone); with "
+            "goodput_requests_arrived_total, how clumped arrivals come.", ("model", "window_seconds"),
+            registry=registry)
+        self._windows: dict[str, list[tuple[int, int]]] = {}   # model -> per window: (index, arrivals in it)
+        self.clock = time.monotonic
         self.violations = Counter("goodput_slo_violations", "Objectives missed by requests whose outcome is slo_violated.",
                                   ("model", "slo_class", "objective"), registry=registry)
         self.ttft = Histogram("goodput_ttft_seconds", "Time from receipt of the request to the first content chunk sent to the client.",
@@ -174,7 +191,19 @@ class SidecarMetrics:
     def arrived_now(self, model: str, slo_name: str) -> None:
         """Count a judged request's arrival, before it is held, served or refused: demand counts
         when it arrives (the forecaster reads it)."""
+        self._count_arrival(model, slo_name)
+
+    def _count_arrival(self, model: str, slo_name: str) -> None:
         self.arrived.labels(model, slo_name).inc()
+        # Σ n² grows by (n + 1)² − n² = 2n + 1 as the n+1-th request of a window arrives.
+        now = self.clock()
+        state = self._windows.setdefault(model, [(-1, 0)] * len(ARRIVAL_WINDOWS))
+        for j, (label, width) in enumerate(ARRIVAL_WINDOWS):
+            index = int(now // width)
+            last, n = state[j]
+            n = n if last == index else 0
+            self.arrived_squared.labels(model, label).inc(2 * n + 1)
+            state[j] = (index, n + 1)
 
     def started(self, model: str) -> None:
         self.in_flight.labels(model).inc()
@@ -220,7 +249,7 @@ class SidecarMetrics:
             flight.dec()
         if not arrival_counted:
             # Refused before it was judged (e.g. 413): it still arrived, so demand counts it once.
-            self.arrived.labels(model, slo.name).inc()
+            self._count_arrival(model, slo.name)
         requests[verdict.outcome].inc()
         if verdict.outcome == "shed":
             return   # answered at once without reaching the engine: no latency or tokens to record

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from forecaster.service_model import TOKEN_BUCKETS
+from forecaster.service_model import ARRIVAL_WINDOWS_S, TOKEN_BUCKETS
 from forecaster.simulate.profiles import ServiceProfile
 from forecaster.simulate.traces import RequestTrace
 
@@ -39,6 +39,10 @@ class Replica:
     running: list = field(default_factory=list)  # started requests, in start order
     kv_reserved: float = 0.0
     busy_s: float = 0.0
+    # Per arrival window (ARRIVAL_WINDOWS_S): the current window's index and the requests routed
+    # to it in that window (its sidecar's arrival-burstiness counters).
+    arrival_window: list = field(default_factory=lambda: [-1] * len(ARRIVAL_WINDOWS_S))
+    arrival_count: list = field(default_factory=lambda: [0] * len(ARRIVAL_WINDOWS_S))
 
     @property
     def outstanding(self) -> int:
@@ -82,6 +86,9 @@ class FleetView:
     # counts prompts as they arrive and output_tokens_total tokens as they are generated.
     ended_input_tokens_total: float = 0.0
     ended_output_tokens_total: float = 0.0
+    # {window seconds: Σ over each replica's windows of (requests routed to it in that window)²},
+    # as the sidecars export it (goodput_requests_arrived_squared_total).
+    arrivals_squared_total: dict | None = None
 
     @property
     def in_flight(self) -> float:
@@ -150,6 +157,7 @@ class RequestFleet:
         self._out_hist = [0] * len(TOKEN_BUCKETS)
         self._tpot_sum = 0.0
         self._tpot_count = 0
+        self._arrivals_sq_closed = [0.0] * len(ARRIVAL_WINDOWS_S)   # squares of the replicas' ended windows
         for _ in range(initial_replicas):
             self._add_replica(created_s=-cold_start_s, ready_s=0.0)
 
@@ -192,6 +200,9 @@ class RequestFleet:
             elif r.draining:
                 self.replicas.remove(r)
                 self.removed.append(r)
+                for j, n in enumerate(r.arrival_count):
+                    self._arrivals_sq_closed[j] += n * n
+                r.arrival_count = [0] * len(ARRIVAL_WINDOWS_S)
         self.replica_s += len(self.replicas) * dt
 
     def _route(self, now: float) -> None:
@@ -212,7 +223,16 @@ class RequestFleet:
         while self.router_queue:
             k = int(np.argmin(load))
             i = self.router_queue.popleft()
-            targets[k].waiting.append(i)
+            r = targets[k]
+            r.waiting.append(i)
+            # Its sidecar counts it when it arrives: the router here forwards at tick starts, a
+            # real one at once, and the window counts should not carry the ticks' grain.
+            for j, width in enumerate(ARRIVAL_WINDOWS_S):
+                window = int(self._arr[i] // width)
+                if r.arrival_window[j] != window:
+                    self._arrivals_sq_closed[j] += r.arrival_count[j] ** 2
+                    r.arrival_window[j], r.arrival_count[j] = window, 0
+                r.arrival_count[j] += 1
             self._t_routed[i] = now
             load[k] += 1
 
@@ -368,6 +388,8 @@ class RequestFleet:
             prefill_count=float(self._prefill_count),
             input_token_hist=_cumulative(self._in_hist), output_token_hist=_cumulative(self._out_hist),
             ended_input_tokens_total=self._ended_input_total, ended_output_tokens_total=self._ended_output_total,
+            arrivals_squared_total={w: self._arrivals_sq_closed[j] + float(sum(r.arrival_count[j] ** 2 for r in self.replicas))
+                                    for j, w in enumerate(ARRIVAL_WINDOWS_S)},
         )
 
     @property

@@ -214,7 +214,8 @@ class Goodput(Policy):
             generation_tokens_total=view.output_tokens_total, engine_steps_total=view.engine_steps_total,
             prefill_sum_total=view.prefill_sum, prefill_count_total=view.prefill_count, queue_sum_total=view.queue_sum,
             queue_count_total=view.prefill_count, input_token_hist_total=view.input_token_hist,
-            output_token_hist_total=view.output_token_hist, slos=self.slos))
+            output_token_hist_total=view.output_token_hist, arrivals_squared_total=view.arrivals_squared_total,
+            slos=self.slos))
         decision = self.forecaster.decide(view.t, starting_replicas=view.starting)
         self.decisions.append((view.t, decision))
         return decision.desired_replicas

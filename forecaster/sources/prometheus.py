@@ -41,6 +41,8 @@ DEFAULT_QUERIES = {
     "generation_tokens": "sum(rate(goodput_engine_generation_tokens_total[{window}]))",
     "engine_steps": "sum(rate(goodput_engine_steps_total[{window}]))",
     "prompt_computed": "sum(rate(goodput_engine_prompt_tokens_computed_total[{window}]))",
+    # How clumped arrivals come, per window length of the sidecars' counters.
+    "arrivals_sq": "sum by (window_seconds) (rate(goodput_requests_arrived_squared_total[{window}]))",
     "input_token_hist": "sum by (le) (rate(goodput_request_input_tokens_bucket[{window}]))",
     "output_token_hist": "sum by (le) (rate(goodput_request_output_tokens_bucket[{window}]))",
     "in_flight": "sum(goodput_requests_in_flight)",
@@ -54,7 +56,7 @@ RATES = ("arrivals", "good", "input_tokens", "output_tokens", "preemptions", "en
          "tpot_sum", "tpot_count", "prefill_sum", "prefill_count", "queue_sum", "queue_count", "generation_tokens",
          "engine_steps", "prompt_computed")
 # Rates per histogram bucket (one series per `le`), integrated into cumulative counts per bucket.
-BUCKETED = ("input_token_hist", "output_token_hist")
+BUCKETED = {"input_token_hist": "le", "output_token_hist": "le", "arrivals_sq": "window_seconds"}
 SLO_QUERIES = ("max by (slo_class, objective) (goodput_slo_target_seconds)",
                "max by (slo_class) (goodput_slo_objective_ratio)")
 
@@ -96,12 +98,13 @@ class PrometheusSource:
             return float("nan")
         return sum(float(r["value"][1]) for r in result)
 
-    def by_le(self, query: str, t: float) -> dict[float, float]:
-        """A `sum by (le)` query at t as {le: value}; empty when it returns nothing."""
+    def by_le(self, query: str, t: float, label: str = "le") -> dict[float, float]:
+        """A `sum by (le)` query at t as {le: value} (or by another numeric label); empty when it
+        returns nothing."""
         out: dict[float, float] = {}
         for r in self._get("/api/v1/query", {"query": query, "time": f"{t:.3f}"}):
             try:
-                le, v = float(r["metric"]["le"]), float(r["value"][1])
+                le, v = float(r["metric"][label]), float(r["value"][1])
             except (KeyError, ValueError):
                 continue
             if math.isfinite(v):
@@ -144,6 +147,7 @@ class PrometheusSource:
                            generation_tokens_total=self._total_if_exported("generation_tokens", "generation_tokens"),
                            engine_steps_total=self._total_if_exported("engine_steps", "engine_steps"),
                            prompt_computed_total=self._total_if_exported("prompt_computed", "prompt_computed"),
+                           arrivals_squared_total=dict(self._buckets["arrivals_sq"]) or None,
                            input_token_hist_total=dict(self._buckets["input_token_hist"]) or None,
                            output_token_hist_total=dict(self._buckets["output_token_hist"]) or None,
                            slos=self.slos or None)
@@ -180,7 +184,7 @@ class PrometheusSource:
         values = {k: self.instant(q, now) for k, q in self.queries.items() if q and k not in BUCKETED}
         if not math.isfinite(values.get("arrivals", float("nan"))):
             return None  # no request counter at all yet: nothing to forecast from
-        buckets = {k: self.by_le(self.queries[k], now) for k in BUCKETED if self.queries.get(k)}
+        buckets = {k: self.by_le(self.queries[k], now, label) for k, label in BUCKETED.items() if self.queries.get(k)}
         self._read_slos(now)
         return self._integrate(now, values, buckets)
 
@@ -195,13 +199,17 @@ class PrometheusSource:
                 continue
             params = {"query": q, "start": f"{start:.3f}", "end": f"{now:.3f}", "step": f"{self.step_seconds:g}"}
             for series in self._get("/api/v1/query_range", params):
-                le = series.get("metric", {}).get("le") if key in BUCKETED else None
+                le = series.get("metric", {}).get(BUCKETED[key]) if key in BUCKETED else None
                 for ts, val in series["values"]:
                     if key in BUCKETED:
                         if le is None or not math.isfinite(float(val)):
                             continue
+                        try:
+                            le_value = float(le)
+                        except ValueError:
+                            continue
                         slot_b = bucket_time.setdefault(float(ts), {}).setdefault(key, {})
-                        slot_b[float(le)] = slot_b.get(float(le), 0.0) + float(val)
+                        slot_b[le_value] = slot_b.get(le_value, 0.0) + float(val)
                         continue
                     slot = by_time.setdefault(float(ts), {})
                     slot[key] = slot.get(key, 0.0) + float(val)

@@ -111,20 +111,31 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 
 TOKEN_HISTOGRAMS = {"goodput_request_input_tokens": "inhist", "goodput_request_output_tokens": "outhist"}
+# How clumped arrivals come (forecaster/service_learn.py): one counter per window length.
+ARRIVED_SQUARED = "goodput_requests_arrived_squared_total"
+KEYED = ("inhist:", "outhist:", "arrsq:")
 
 
 def _token_buckets(text: str) -> dict[str, float]:
     """Per-request token histograms as counters, one key per bucket ("inhist:<le>": cumulative
-    requests with at most le prompt tokens), summed over models."""
+    requests with at most le prompt tokens), and the arrival-burstiness counters, one key per
+    window ("arrsq:<window seconds>"), each summed over models."""
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         prefix = TOKEN_HISTOGRAMS.get(family.name)
-        if prefix is None:
-            continue
         for s in family.samples:
-            if s.name.endswith("_bucket") and math.isfinite(s.value):
-                key = f"{prefix}:{float(s.labels['le'])!r}"
-                out[key] = out.get(key, 0.0) + s.value
+            if not math.isfinite(s.value) or s.value < 0:
+                continue
+            try:
+                if prefix is not None and s.name.endswith("_bucket"):
+                    key = f"{prefix}:{float(s.labels['le'])!r}"
+                elif s.name == ARRIVED_SQUARED:
+                    key = f"arrsq:{float(s.labels['window_seconds'])!r}"
+                else:
+                    continue
+            except (KeyError, ValueError):
+                continue   # a bucket or window label that is not a number: not ours to read
+            out[key] = out.get(key, 0.0) + s.value
     return out
 
 
@@ -195,7 +206,7 @@ class ScrapeSource:
                     if got is not None:
                         self._totals[key] += got[0]
             for key, value in metrics.items():
-                if key.startswith(("inhist:", "outhist:")):
+                if key.startswith(KEYED):
                     got = state.buckets.setdefault(key, CounterRate()).update(now, value)
                     if got is not None:
                         self._totals[key] = self._totals.get(key, 0.0) + got[0]
@@ -224,6 +235,7 @@ class ScrapeSource:
                            output_token_hist_total=_hist(self._totals, "outhist"),
                            engine_steps_total=self._totals["engine_steps"] or None,
                            prompt_computed_total=self._totals["prompt_computed"] or None,
+                           arrivals_squared_total=_hist(self._totals, "arrsq"),
                            slos=self.slos or None)
 
     def starting_replicas(self) -> int:

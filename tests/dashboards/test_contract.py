@@ -49,10 +49,12 @@ def test_contract_lists_every_design_metric_once():
     # and goodput_admission_shed_total{reason}; the service model's batched-line base,
     # goodput_replica_decode_step_base_seconds, once the one-sequence step was learned apart, and
     # its concave part, goodput_replica_decode_step_log_seconds; and the guard's
-    # goodput_admission_held_seconds (requests held for a decode slot).
-    assert len(contract.by_source("sidecar")) == 43
-    assert len(contract.by_source("forecaster")) == 23
-    assert len(contract.METRICS) == 66
+    # goodput_admission_held_seconds (requests held for a decode slot); and how clumped arrivals
+    # come, the sidecar's goodput_requests_arrived_squared_total{window_seconds} and the service
+    # model's goodput_replica_arrival_dispersion.
+    assert len(contract.by_source("sidecar")) == 44
+    assert len(contract.by_source("forecaster")) == 24
+    assert len(contract.METRICS) == 68
 
 
 def test_contract_outcomes_are_the_sidecars():

@@ -29,6 +29,8 @@ class FakeSidecarMetrics:
                                     buckets=token_buckets, registry=r)
         self.output_hist = Histogram("goodput_request_output_tokens", "output tokens", ["model"],
                                      buckets=token_buckets, registry=r)
+        self.arrived_squared = Counter("goodput_requests_arrived_squared", "arrival clumps", ["model", "window_seconds"],
+                                       registry=r)
         self.up = Gauge("goodput_engine_up", "up", registry=r)
         self.up.set(1)
         self.server, self.thread = start_http_server(port, addr="127.0.0.1", registry=r)
@@ -49,6 +51,8 @@ class FakeSidecarMetrics:
             self.prefill.labels("m").observe(0.2)
             self.queue.labels("m").observe(0.05)
         self.generation.labels("m").inc(10 * (good + violated))
+        for window, per_request in (("0.1", 3), ("1", 5), ("10", 9)):   # as if clumped, more so at longer windows
+            self.arrived_squared.labels("m", window).inc(per_request * (good + violated))
         self.steps.labels("m").inc(5 * (good + violated))
         self.waiting.labels("m").set(waiting)
         self.kv.labels("m").set(kv)

@@ -164,9 +164,13 @@ def test_prometheus_source_reads_rates_and_warms_up_from_history(sidecars):
         assert hist[64.0] == 0.0 and hist[128.0] > 0 and hist[128.0] == pytest.approx(hist[float("inf")], rel=1e-6)
         out = s.output_token_hist_total
         assert out[8.0] == 0.0 and out[16.0] == pytest.approx(hist[128.0], rel=1e-6)
+        # The arrival-clump counters, by window (3, 5 and 9 a request in the fake).
+        sq = s.arrivals_squared_total
+        assert sq[1.0] / sq[0.1] == pytest.approx(5 / 3, rel=1e-6) and sq[10.0] / sq[0.1] == pytest.approx(3.0, rel=1e-6)
         fresh = PrometheusSource(f"http://127.0.0.1:{prom_port}", window="5s", step_seconds=1.0)
         history = fresh.history(5.0)
         assert history[-1].input_token_hist_total and history[-1].prefill_count_total
+        assert set(history[-1].arrivals_squared_total) == {0.1, 1.0, 10.0}
         # A 5-s range at 1-s steps holds 5 or 6 points; totals grow by ~20 per step.
         assert len(history) >= 4
         growth = (history[-1].arrivals_total - history[0].arrivals_total) / (history[-1].t - history[0].t)
@@ -262,3 +266,37 @@ def test_shed_requests_are_demand_in_what_the_real_sidecar_exposes():
     assert older["arrivals"] == 8.0
     # A shed request has no latency: nothing was added to the TTFT or E2E histograms for it.
     assert registry.get_sample_value("goodput_e2e_seconds_count", {"model": "m", "slo_class": "interactive"}) == 5
+
+
+def test_the_real_sidecar_counts_arrival_clumps_per_window_and_the_scrape_reads_them():
+    # Arrivals at 0.01, 0.04, 0.06, 0.25 and 1.50 s (the sidecar's clock): in 0.1-s windows 3, 1
+    # and 1 (Σn² = 11), in 1-s windows 4 and 1 (17), in 10-s windows 5 (25). The scrape source
+    # reads one counter per window and differences them per target, as every other counter.
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from forecaster.service_model import ARRIVAL_WINDOWS_S
+    from forecaster.sources.scrape import parse_metrics
+    from sidecar.config import DEFAULT_SLO_CONFIG
+    from sidecar.metrics import ARRIVAL_WINDOWS, SidecarMetrics
+
+    assert tuple(w for _, w in ARRIVAL_WINDOWS) == ARRIVAL_WINDOWS_S
+    registry = CollectorRegistry()
+    metrics = SidecarMetrics(registry, DEFAULT_SLO_CONFIG)
+    now = [100.0]
+    metrics.clock = lambda: now[0]
+    for t in (100.01, 100.04, 100.06, 100.25, 101.5):
+        now[0] = t
+        metrics.arrived_now("m", "interactive")
+    squares = {w: registry.get_sample_value("goodput_requests_arrived_squared_total", {"model": "m", "window_seconds": w})
+               for w in ("0.1", "1", "10")}
+    assert squares == {"0.1": 11.0, "1": 17.0, "10": 25.0}
+    got = parse_metrics(generate_latest(registry).decode())
+    assert (got["arrsq:0.1"], got["arrsq:1.0"], got["arrsq:10.0"], got["arrivals"]) == (11.0, 17.0, 25.0, 5.0)
+    pages = [generate_latest(registry).decode()]
+    src = ScrapeSource(static_targets(["sidecar:8080"]), fetch=lambda url: pages[-1])
+    assert src.poll(now=0.0).arrivals_squared_total is None      # first scrape: nothing to difference
+    now[0] = 101.6
+    metrics.arrived_now("m", "interactive")                      # the 2nd in its 1-s window: +3
+    pages.append(generate_latest(registry).decode())
+    assert src.poll(now=15.0).arrivals_squared_total == {0.1: 1.0, 1.0: 3.0, 10.0: 11.0}
+    src.close()
