@@ -67,6 +67,7 @@ _SAMPLES = 4000
 # label window_seconds): the index of dispersion at the prompt queue's own time scale (a prompt's
 # mean service time) is interpolated from them.
 ARRIVAL_WINDOWS_S = (0.1, 1.0, 10.0)
+_MAX_CLUMP = 100.0
 # The sidecar's per-request token histogram buckets (goodput_request_input_tokens): 1 to 128k.
 TOKEN_BUCKETS = tuple(float(2 ** k) for k in range(18)) + (math.inf,)
 
@@ -346,9 +347,10 @@ class ServiceModel:
         process with index of dispersion I). A request waits for the clumps before its own (the
         M/G/1 wait of a clump, whose service is its members' summed) and then behind the members
         of its clump ahead of it: a geometric count of mean E[X] − 1 = (I − 1) / 2. Returns the
-        waits and the geometric's parameter 1 / E[X]."""
+        waits and the geometric's parameter 1 / E[X]. Clumps are taken at most _MAX_CLUMP requests
+        on average (the draws grow with them; a replica that gets clumps of hundreds has no SLO to plan for)."""
         n = len(service)
-        p = 2.0 / (self.arrival_dispersion + 1.0)
+        p = 2.0 / (min(self.arrival_dispersion, 2.0 * _MAX_CLUMP - 1.0) + 1.0)
         clump_service = _random_sums(service, rng.geometric(p, n), rng)
         lam_c = lam * p
         w_mean = lam_c * float(np.mean(clump_service ** 2)) / (2.0 * (1.0 - rho_q))
@@ -541,13 +543,13 @@ def _tail_decay(lam: float, service: np.ndarray) -> float:
 def dispersion_at(scale_s: float, by_window: dict[float, float]) -> float:
     """The index of dispersion at time scale `scale_s`, linear in log(window) between the windows
     measured ({window seconds: index}), held flat past the outermost; 1 (Poisson) when none is
-    known, and never under 1."""
+    known, never under 1, and at most what clumps of _MAX_CLUMP requests on average give."""
     known = sorted((w, i) for w, i in by_window.items() if w > 0 and math.isfinite(i))
     if not known:
         return 1.0
     x = math.log(max(scale_s, 1e-9))
     xs = [math.log(w) for w, _ in known]
-    return max(1.0, float(np.interp(x, xs, [i for _, i in known])))
+    return min(2.0 * _MAX_CLUMP - 1.0, max(1.0, float(np.interp(x, xs, [i for _, i in known]))))
 
 
 __all__ = ["Slo", "TokenMix", "Prediction", "ServiceModel", "dispersion_at", "ARRIVAL_WINDOWS_S"]
