@@ -125,7 +125,8 @@ class SidecarMetrics:
             "the window (the window in progress counted as far as it has gone); with "
             "goodput_requests_arrived_total, how clumped arrivals come.", ("model", "window_seconds"),
             registry=registry)
-        self._windows: dict[str, list[tuple[int, int]]] = {}   # model -> per window: (index, arrivals in it)
+        # model -> per window: [its counter, width, the current window's index, arrivals in it]
+        self._windows: dict[str, list[list]] = {}
         self.clock = time.monotonic
         self.violations = Counter("goodput_slo_violations", "Objectives missed by requests whose outcome is slo_violated.",
                                   ("model", "slo_class", "objective"), registry=registry)
@@ -197,13 +198,16 @@ class SidecarMetrics:
         self.arrived.labels(model, slo_name).inc()
         # Σ n² grows by (n + 1)² − n² = 2n + 1 as the n+1-th request of a window arrives.
         now = self.clock()
-        state = self._windows.setdefault(model, [(-1, 0)] * len(ARRIVAL_WINDOWS))
-        for j, (label, width) in enumerate(ARRIVAL_WINDOWS):
+        state = self._windows.get(model)
+        if state is None:
+            state = self._windows[model] = [[self.arrived_squared.labels(model, label), width, -1, 0]
+                                            for label, width in ARRIVAL_WINDOWS]
+        for window in state:
+            child, width, last, n = window
             index = int(now // width)
-            last, n = state[j]
             n = n if last == index else 0
-            self.arrived_squared.labels(model, label).inc(2 * n + 1)
-            state[j] = (index, n + 1)
+            child.inc(2 * n + 1)
+            window[2], window[3] = index, n + 1
 
     def started(self, model: str) -> None:
         self.in_flight.labels(model).inc()
