@@ -23,6 +23,11 @@ Every forecast step turns the fleet's counters and gauges into per-replica obser
   fitted as a robust line: its slope is the time a prompt token occupies the prefill queue (the
   prefill rate once the decode part of its chunks' steps is taken off), its intercept the fixed
   part of TTFT every request pays (scheduling, tokenisation, network);
+- how clumped arrivals come: the sidecars count, per window of 0.1, 1 and 10 s, the sum of the
+  squared arrivals (goodput_requests_arrived_squared_total); per step, each window's variance of
+  the counts about the step's own mean, over the arrivals, is its index of dispersion (pooled with
+  forgetting; read at a prompt's mean service time), which the prefill inversion above and the
+  model's M^X/G/1 prompt queue take in;
 - KV capacity: tokens held (running × (P̄ + Ō/2)) over the KV usage ratio, once usage is >= 5 %;
 - the token mix: mean prompt and output tokens per ended request.
 

@@ -34,7 +34,12 @@ a fluid approximation for decode plus an M/G/1 queue for prefill:
   θ, the positive root of λ(E[e^(θS)] − 1) = θ over the mix's service times (the M/G/1 waiting
   time's exact asymptotic decay: θ = μ − λ for exponential service, about twice as fast for
   near-constant prompts, slower for a heavy-tailed mix); the share that waits at all is what keeps
-  the mean.
+  the mean. Where arrivals come in clumps (`arrival_dispersion` I > 1, the index of dispersion of
+  the requests a replica receives at about a prompt's service time, which the sidecars measure),
+  the queue is M^X/G/1: clumps arrive as a Poisson process, each a geometric count of requests
+  (mean (I + 1) / 2, which has index I), a clump waits as one job of its members' summed
+  prompts, and a request then waits for the members of its clump ahead of it (mean (I − 1) / 2).
+  Measured against the simulated replica in scripts/clumped_arrivals.py.
 - Quantiles come from a fixed set of sampled requests (common random numbers, so predictions at
   neighbouring loads are monotone): TTFT_i = overhead + W_i + S(P_i) + 1.5·seen(B) (the rest of
   the step running when it arrives, and the step that samples its first token). TPOT_i is the
