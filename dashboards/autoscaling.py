@@ -129,12 +129,13 @@ def build():
                     f"{{{MODEL},window_seconds=\"{w}\"}}[{RATE}])) - "
                     f"sum by (instance) (rate({m('goodput_requests_arrived_total')}{{{MODEL}}}[{RATE}])) ^ 2 * {w}) / "
                     f"sum by (instance) (rate({m('goodput_requests_arrived_total')}{{{MODEL}}}[{RATE}])))",
-                    f"{w}-s windows") for w in ("0.1", "1", "10")],
+                    f"{w}-s windows") for w in ("0.1", "1")],
         ], "short", min=0, description="Index of dispersion (variance / mean) of the requests one replica receives: 1 "
                                        "for Poisson arrivals, more where they come in clumps. Per window length from "
-                                       "the sidecars' counters (over the rate interval, so slower swings of the rate "
-                                       "count too), and the value the service model queues prompts with: read at a "
-                                       "prompt's mean service time, over each forecast step."),
+                                       "the sidecars' counters (0.1 and 1 s; over the rate interval, so slower swings "
+                                       "of the rate count too; the 10-s counter is too coarse for a panel's interval), "
+                                       "and the value the service model queues prompts with: read at a prompt's mean "
+                                       "service time, over each forecast step."),
         series("Engine iterations and generation", [
             Query(f"sum(rate({m('goodput_engine_steps_total')}{{{MODEL}}}[{RATE}]))", "iterations/s"),
             Query(f"sum(rate({m('goodput_engine_generation_tokens_total')}{{{MODEL}}}[{RATE}]))", "generated tokens/s"),
