@@ -747,14 +747,20 @@ def test_clumped_arrivals_are_learned_and_queued_as_clumps(azure_mix):
     assert clumped.good_share(H100_70B.slo) < poisson.good_share(H100_70B.slo)
 
 
-def test_clumps_of_one_are_poisson_and_the_dispersion_is_read_at_the_prompt_queue_time_scale(azure_mix):
+def test_clumps_of_about_one_predict_as_poisson_and_the_dispersion_is_read_at_the_prompt_queue_time_scale(azure_mix):
     from forecaster.service_model import dispersion_at
 
     prompts, outputs = azure_mix
     mix = TokenMix.from_samples(prompts, outputs)
-    one = H100_70B.predict(3.0, mix)
-    same = replace(H100_70B, arrival_dispersion=1.0).predict(3.0, mix)
-    assert np.array_equal(one.ttft_s, same.ttft_s) and np.array_equal(one.tpot_s, same.tpot_s)
+    # The clumped queue (M^X/G/1, its own draws) at an index barely over 1 is the Poisson one:
+    # measured when written, TTFT quantiles within 1.3 %, TPOT p50 0.5 %, p99 5.4 %.
+    for rate in (1.5, 3.0, 4.5):
+        poisson = H100_70B.predict(rate, mix)
+        near = replace(H100_70B, arrival_dispersion=1.001).predict(rate, mix)
+        for q in (0.5, 0.9, 0.99):
+            assert near.ttft_quantile(q) == pytest.approx(poisson.ttft_quantile(q), rel=0.02), (rate, q)
+        assert near.tpot_quantile(0.5) == pytest.approx(poisson.tpot_quantile(0.5), rel=0.02), rate
+        assert near.tpot_quantile(0.99) == pytest.approx(poisson.tpot_quantile(0.99), rel=0.08), rate
     # Interpolated in log(window) between the windows measured, flat past them, never under 1.
     windows = {0.1: 2.0, 1.0: 4.0, 10.0: 8.0}
     assert dispersion_at(math.sqrt(0.1), windows) == pytest.approx(3.0)
