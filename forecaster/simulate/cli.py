@@ -138,7 +138,8 @@ def run_command(args: argparse.Namespace) -> int:
               f"(profile {profile.prefill_tokens_per_s:g}), step {1000 * learned['decode_base_s']:.1f} ms + "
               f"{1000 * learned['decode_per_seq_s']:.2f} ms/seq + {1000 * learned.get('decode_log_s', 0.0):.2f} ms·ln(b) "
               f"(profile {1000 * profile.decode_base_s:g} + {1000 * profile.decode_per_seq_s:g}{curve}), "
-              f"mix {learned['prompt_mean']:.0f}/{learned['output_mean']:.0f} tokens in/out")
+              f"mix {learned['prompt_mean']:.0f}/{learned['output_mean']:.0f} tokens in/out, "
+              f"arrivals' index of dispersion {learned.get('arrival_dispersion', 1.0):.2f} (1 = Poisson)")
     print(report.text_table(results))
     if args.json:
         report.write_json(Path(args.json), setup, results)

@@ -160,7 +160,7 @@ def _learned(policy) -> dict | None:
     return {"capacity_rps": f.capacity_rps, "capacity_source": f.capacity_source,
             "prefill_tokens_per_s": m.prefill_tokens_per_s, "decode_base_s": m.decode_base_s,
             "decode_per_seq_s": m.decode_per_seq_s, "decode_log_s": m.decode_log_s,
-            "kv_capacity_tokens": m.kv_capacity_tokens,
+            "kv_capacity_tokens": m.kv_capacity_tokens, "arrival_dispersion": m.arrival_dispersion,
             "prompt_mean": params.prompt_mean, "output_mean": params.output_mean, "steps": params.num_steps}
 
 
