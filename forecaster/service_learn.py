@@ -46,7 +46,8 @@ import numpy as np
 
 from forecaster.fleet_sample import StepObservation
 from forecaster.robust_line import RobustLine, weighted_median
-from forecaster.service_model import ServiceModel, TokenMix, dispersion_at, log_one_plus_poisson, seen_step_s
+from forecaster.prompt_queue import ArrivalClumping, service_per_token
+from forecaster.service_model import ServiceModel, TokenMix, log_one_plus_poisson, seen_step_s
 
 _Z90 = 1.645
 # The token budget a step assumed in predictions when the engine's is not known: vLLM's
@@ -106,11 +107,8 @@ class OnlineServiceModel:
         self._kv = [0.0, 0.0, 0.0]
         self._mix = [0.0, 0.0, 0.0]  # sum w (requests), prompt tokens, output tokens
         self._hist = ({}, {})         # decayed per-request token histograms (prompt, output), where exported
-        # How clumped arrivals come, per window of the sidecars' counters: Σ (arrivals a window)²
-        # less what the step's own mean rate accounts for; and the arrivals counted beside them
-        # (the index of dispersion is their ratio).
-        self._disp: dict[float, float] = {}
-        self._disp_n = 0.0
+        # How clumped arrivals come, from the sidecars' per-window counters (forecaster/prompt_queue.py).
+        self.clumping = ArrivalClumping()
         self.num_steps = 0
         if prior is not None:
             self._seed(prior)
@@ -153,8 +151,7 @@ class OnlineServiceModel:
         for acc in (self._overhead, self._kv, self._mix):
             for i in range(3):
                 acc[i] *= f
-        self._disp = {w: v * f for w, v in self._disp.items()}
-        self._disp_n *= f
+        self.clumping.decay(f)
         for hist in self._hist:
             for k in hist:
                 hist[k] *= f
@@ -171,19 +168,7 @@ class OnlineServiceModel:
             self._mix[0] += o.ended
             self._mix[1] += o.input_tokens
             self._mix[2] += o.output_tokens
-        if o.arrivals_squared and o.arrivals is not None and o.arrivals > 0:
-            # In the R·dt / w windows of w seconds the step holds across replicas, arrivals have
-            # mean n·w / (R·dt); Σ n_i² less the windows' count times that mean squared is their
-            # variance about it, times the windows' count: n for Poisson arrivals, more for clumps.
-            # The step's own mean is taken out, so a rate that moves between steps (the forecast's
-            # business) does not count as clumping; taking it out of the same counts costs one of
-            # the dt / w windows' worth (Poisson leaves n·(1 − w / dt), as a sample variance's
-            # n − 1), which is put back. Windows over a quarter of the step say too little.
-            for w, squares in o.arrivals_squared.items():
-                if w <= o.dt / 4.0:
-                    excess = squares - o.arrivals ** 2 * w / (r * o.dt)
-                    self._disp[w] = self._disp.get(w, 0.0) + excess / (1.0 - w / o.dt)
-            self._disp_n += o.arrivals
+        self.clumping.observe(o.arrivals_squared, o.arrivals, r, o.dt)
         p_mean, o_mean = self.mix_means()
         dispersion = self.arrival_dispersion()
         # The load the requests that ended in this step met: the rate they leave at, not the rate new
@@ -250,7 +235,7 @@ class OnlineServiceModel:
                 # prompts a step carries), its own compute, and the step that samples its first
                 # token. So the same M/G/1 inversion as from TTFT, on the engine's own clock.
                 net = max(queue_mean + prefill_mean - 1.5 * step, 0.1 * prefill_mean)
-                k = _service_per_token(net, lam_r, p_mean, self._prompt_m2(p_mean), dispersion)
+                k = service_per_token(net, lam_r, p_mean, self._prompt_m2(p_mean), dispersion)
                 if ttft_mean is not None:
                     extra = ttft_mean - queue_mean - prefill_mean
                     self._add_lin(self._overhead, max(0.0, extra), float(o.ttft_count))
@@ -261,7 +246,7 @@ class OnlineServiceModel:
         elif ttft_mean is not None and p_mean > 0:
             # TTFT less the steps every request waits through (predict counts 1.5 of them).
             net = max(ttft_mean - self.ttft_overhead_s() - 1.5 * step, 0.1 * ttft_mean)
-            k = _service_per_token(net, lam_r, p_mean, self._prompt_m2(p_mean), dispersion)
+            k = service_per_token(net, lam_r, p_mean, self._prompt_m2(p_mean), dispersion)
         if k is not None and k > 0:
             # Down-weight steps with a queue: those are transients more than steady state.
             w = float(o.ttft_count or o.prefill_count or 1.0) / (1.0 + max(0.0, o.waiting) / r)
@@ -353,26 +338,13 @@ class OnlineServiceModel:
                 return float(np.mean(np.square(mix.prompt_tokens)))
         return 2.0 * p_mean * p_mean
 
-    def dispersion_by_window(self) -> dict[float, float]:
-        """{window seconds: index of dispersion of the arrivals one replica receives in such a
-        window}, from the sidecars' goodput_requests_arrived_squared_total; empty until 50
-        arrivals are counted beside them."""
-        if self._disp_n < 50.0:
-            return {}
-        return {w: v / self._disp_n for w, v in self._disp.items()}
-
     def arrival_dispersion(self) -> float:
-        """The index of dispersion at the prompt queue's own time scale, a prompt's mean service
-        time (arrivals closer together than that queue behind each other; slower swings of the
-        rate are the demand forecast's): 1 (Poisson) while unknown, never under 1, so a queue is
-        never planned on smoother arrivals than Poisson."""
-        by_window = self.dispersion_by_window()
-        if not by_window:
-            return 1.0
+        """The arrivals' index of dispersion at the prompt queue's own time scale, a prompt's mean
+        service time (arrivals closer together than that queue behind each other; slower swings
+        of the rate are the demand forecast's): 1 (Poisson) while unknown, never under 1."""
         k, _ = self._per_token_k()
         p_mean, _ = self.mix_means()
-        scale = k * p_mean if (k and p_mean > 0) else min(by_window)
-        return dispersion_at(scale, by_window)
+        return self.clumping.at(k * p_mean if (k and p_mean > 0) else None)
 
     def mix_means(self) -> tuple[float, float]:
         n, p, o = self._mix
@@ -507,34 +479,6 @@ class OnlineServiceModel:
         return FittedParams(m, (a_lo, a_hi), (c_lo, c_hi),
                             pf_band, kv_band, p, o, self.num_steps, (max(0.0, o_mean - _Z90 * o_sd), o_mean + _Z90 * o_sd),
                             single_band, d_band, self.arrival_dispersion())
-
-
-def _service_per_token(ttft_mean: float, lam: float, m1: float, m2: float, dispersion: float = 1.0) -> float | None:
-    """Invert the model's prefill queue: the per-token service time k at which an M^X/G/1 queue
-    of prompts (service P·k, clumped arrivals at `lam` with index of dispersion I: Poisson at 1;
-    service_model.ServiceModel._clumped_waits) has mean TTFT = W + E[S] = `ttft_mean`. With
-    M2 = m2 + (I − 1)·m1² (a clump's second moment per request) and g = (I + 1) / 2 (the request
-    itself and the clump members ahead of it), TTFT(k) = lam·M2·k² / (2(1 − lam·m1·k)) + g·m1·k,
-    increasing in k, so the root of (lam·M2 − 2·g·lam·m1²)·k² + 2·m1·(g + lam·T)·k − 2T = 0 in
-    (0, 1 / (lam·m1))."""
-    if not (ttft_mean > 0 and m1 > 0):
-        return None
-    g = (dispersion + 1.0) / 2.0
-    a = lam * (m2 + (dispersion - 1.0) * m1 * m1) - 2.0 * g * lam * m1 * m1
-    b = 2.0 * m1 * (g + lam * ttft_mean)
-    c = -2.0 * ttft_mean
-    if abs(a) < 1e-15:
-        k = -c / b
-    else:
-        disc = b * b - 4 * a * c
-        if disc < 0:
-            return None
-        k = (-b + math.sqrt(disc)) / (2 * a)
-        if k <= 0:
-            k = (-b - math.sqrt(disc)) / (2 * a)
-    if lam > 0:
-        k = min(k, 0.999 / (lam * m1))
-    return k if k > 0 else None
 
 
 __all__ = ["FittedParams", "OnlineServiceModel"]

@@ -67,12 +67,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from forecaster.prompt_queue import clumped_waits, queue_waits
+
 _SAMPLES = 4000
-# The windows the sidecars count arrivals in for their burstiness (goodput_requests_arrived_squared_total,
-# label window_seconds): the index of dispersion at the prompt queue's own time scale (a prompt's
-# mean service time) is interpolated from them.
-ARRIVAL_WINDOWS_S = (0.1, 1.0, 10.0)
-_MAX_CLUMP = 100.0
 # The sidecar's per-request token histogram buckets (goodput_request_input_tokens): 1 to 128k.
 TOKEN_BUCKETS = tuple(float(2 ** k) for k in range(18)) + (math.inf,)
 
@@ -290,9 +287,9 @@ class ServiceModel:
             return Prediction(lam, False, batch, step, 1.0, nan, nan, o)
         rng = np.random.default_rng(seed)
         if self.arrival_dispersion > 1.0 + 1e-9:
-            wait, clump_p = self._clumped_waits(lam, service, rho_q, rng)
+            wait, clump_p = clumped_waits(lam, service, rho_q, self.arrival_dispersion, rng)
         else:
-            wait, clump_p = self._poisson_waits(lam, service, rho_q, rng), None
+            wait, clump_p = queue_waits(lam, service, rho_q, rng), None
         # Plus the steps every request waits through on an engine: the end of the step running when
         # it arrives (half a step on average) and the step that samples its first token.
         ttft = self.ttft_overhead_s + wait + service + 1.5 * step
@@ -334,36 +331,6 @@ class ServiceModel:
         own = np.where(rng.random(len(p)) < p_alone, single, line_one + beside)
         tpot = np.where(o > 1, own + interference / gaps, 0.0)
         return Prediction(lam, True, batch, step, rho_q, ttft, tpot, o)
-
-    @staticmethod
-    def _poisson_waits(lam: float, service: np.ndarray, rho_q: float, rng) -> np.ndarray:
-        """Each sampled request's wait in the M/G/1 prompt queue: the Pollaczek-Khinchine mean, a
-        tail at the Cramér-Lundberg rate of this service mix, and the share that waits at all what
-        keeps the mean."""
-        w_mean = lam * float(np.mean(service ** 2)) / (2.0 * (1.0 - rho_q))
-        waits = min(1.0, _tail_decay(lam, service) * w_mean) if w_mean > 0 else 0.0
-        u = rng.random(len(service))
-        busy = u < waits
-        return np.where(busy, -np.log(np.maximum(1e-12, rng.random(len(service)))) * (w_mean / max(waits, 1e-12)), 0.0)
-
-    def _clumped_waits(self, lam: float, service: np.ndarray, rho_q: float, rng) -> tuple[np.ndarray, float]:
-        """Waits in the prompt queue when requests arrive in clumps (M^X/G/1): clumps arrive as a
-        Poisson process at λ / E[X], X geometric with E[X] = (I + 1) / 2 (a compound Poisson
-        process with index of dispersion I). A request waits for the clumps before its own (the
-        M/G/1 wait of a clump, whose service is its members' summed) and then behind the members
-        of its clump ahead of it: a geometric count of mean E[X] − 1 = (I − 1) / 2. Returns the
-        waits and the geometric's parameter 1 / E[X]. Clumps are taken at most _MAX_CLUMP requests
-        on average (the draws grow with them; a replica that gets clumps of hundreds has no SLO to plan for)."""
-        n = len(service)
-        p = 2.0 / (min(self.arrival_dispersion, 2.0 * _MAX_CLUMP - 1.0) + 1.0)
-        clump_service = _random_sums(service, rng.geometric(p, n), rng)
-        lam_c = lam * p
-        w_mean = lam_c * float(np.mean(clump_service ** 2)) / (2.0 * (1.0 - rho_q))
-        waits = min(1.0, _tail_decay(lam_c, clump_service) * w_mean) if w_mean > 0 else 0.0
-        busy = rng.random(n) < waits
-        wait = np.where(busy, -np.log(np.maximum(1e-12, rng.random(n))) * (w_mean / max(waits, 1e-12)), 0.0)
-        ahead = _random_sums(service, rng.geometric(p, n) - 1, rng)
-        return wait + ahead, p
 
     def _line_one_and_single(self, per_seq: float, ctx: float) -> tuple[float, float]:
         """The step of one sequence holding `ctx` context tokens: on the line, and alone."""
@@ -504,57 +471,4 @@ def log_one_plus_poisson_slope(m):
     return np.where(m <= _LOG_TABLE_MAX, np.interp(m, _LOG_M, _LOG_SLOPE), far)
 
 
-def _random_sums(values: np.ndarray, counts: np.ndarray, rng) -> np.ndarray:
-    """For each count k, the sum of k values drawn at random from `values` (0 for k = 0)."""
-    counts = np.asarray(counts, dtype=int)
-    total = int(counts.sum())
-    if total == 0:
-        return np.zeros(len(counts))
-    draws = values[rng.integers(0, len(values), total)]
-    ends = np.cumsum(counts)
-    sums = np.concatenate([[0.0], np.cumsum(draws)])
-    return sums[ends] - sums[ends - counts]
-
-
-def _tail_decay(lam: float, service: np.ndarray) -> float:
-    """θ > 0 with λ(E[e^(θS)] − 1) = θ (stable queue: λE[S] < 1). In logs, the root of
-    g(θ) = log E[e^(θS)] − log(1 + θ/λ), which is convex with g(0) = 0 and g'(0) = E[S] − 1/λ < 0,
-    so Newton's method from any point above the root descends to it monotonically; no
-    exponential overflows (log-sum-exp)."""
-    s = np.asarray(service, dtype=float)
-    log_n = math.log(len(s))
-
-    def g_and_slope(theta: float) -> tuple[float, float]:
-        x = theta * s
-        w = np.exp(x - float(np.max(x)))
-        total = float(np.sum(w))
-        g = float(np.max(x)) + math.log(total) - log_n - math.log1p(theta / lam)
-        return g, float(np.dot(w, s)) / total - 1.0 / (lam + theta)
-
-    theta = 1.0 / max(float(np.mean(s)), 1e-12)
-    g, slope = g_and_slope(theta)
-    while g < 0:                        # not yet above the root
-        theta *= 2.0
-        g, slope = g_and_slope(theta)
-    for _ in range(100):
-        step = g / slope                # slope > 0 above the root
-        theta -= step
-        if step <= 1e-5 * theta:
-            break
-        g, slope = g_and_slope(theta)
-    return theta
-
-
-def dispersion_at(scale_s: float, by_window: dict[float, float]) -> float:
-    """The index of dispersion at time scale `scale_s`, linear in log(window) between the windows
-    measured ({window seconds: index}), held flat past the outermost; 1 (Poisson) when none is
-    known, never under 1, and at most what clumps of _MAX_CLUMP requests on average give."""
-    known = sorted((w, i) for w, i in by_window.items() if w > 0 and math.isfinite(i))
-    if not known:
-        return 1.0
-    x = math.log(max(scale_s, 1e-9))
-    xs = [math.log(w) for w, _ in known]
-    return min(2.0 * _MAX_CLUMP - 1.0, max(1.0, float(np.interp(x, xs, [i for _, i in known]))))
-
-
-__all__ = ["Slo", "TokenMix", "Prediction", "ServiceModel", "dispersion_at", "ARRIVAL_WINDOWS_S"]
+__all__ = ["Slo", "TokenMix", "Prediction", "ServiceModel"]

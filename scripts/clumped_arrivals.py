@@ -28,7 +28,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from forecaster.service_model import ARRIVAL_WINDOWS_S, TokenMix, dispersion_at  # noqa: E402
+from forecaster.prompt_queue import ARRIVAL_WINDOWS_S, ArrivalClumping, dispersion_at  # noqa: E402
+from forecaster.service_model import TokenMix  # noqa: E402
 from forecaster.simulate.fleet import RequestFleet  # noqa: E402
 from forecaster.simulate.profiles import H100_70B  # noqa: E402
 from forecaster.simulate.traces import RequestTrace, read_azure_csv  # noqa: E402
@@ -64,22 +65,21 @@ PATTERNS = {
 
 
 def learned_dispersion(arrivals: np.ndarray, step_s: float = 15.0) -> dict[float, float]:
-    """What the learner pools from one sidecar's counters: the squared counter grows by 2n + 1 as
-    the (n + 1)-th request of a window arrives; per step, its increase less n²·w / dt (the step's
-    own mean), summed over the steps, divided by the arrivals and by 1 − w / dt (what taking the
-    step's mean out of the same counts costs); windows over a quarter of the step left out."""
+    """What the learner pools from one sidecar's counters (forecaster/prompt_queue.py
+    ArrivalClumping): the squared counter grows by 2n + 1 as the (n + 1)-th request of a window
+    arrives; each step's increase and arrivals go to the same pooling the forecaster does."""
     arrivals = np.sort(arrivals)
     steps = (arrivals // step_s).astype(int)
     n = np.bincount(steps).astype(float)
-    out = {}
+    squares = {}
     for w in ARRIVAL_WINDOWS_S:
         window = (arrivals // w).astype(int)
         first = np.searchsorted(window, window, side="left")    # arrivals before it in its window
-        grow = 2.0 * (np.arange(len(arrivals)) - first) + 1.0
-        squares = np.bincount(steps, weights=grow, minlength=len(n))
-        if w <= step_s / 4.0:
-            out[w] = float(np.sum(squares - n ** 2 * w / step_s) / (1.0 - w / step_s) / n.sum())
-    return out
+        squares[w] = np.bincount(steps, weights=2.0 * (np.arange(len(arrivals)) - first) + 1.0, minlength=len(n))
+    clumping = ArrivalClumping()
+    for k in range(len(n)):
+        clumping.observe({w: float(sq[k]) for w, sq in squares.items()}, float(n[k]), 1.0, step_s)
+    return clumping.by_window()
 
 
 def serve(arrivals, prompts, outputs, tick=0.05):

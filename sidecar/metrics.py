@@ -104,7 +104,7 @@ class GapHistogram:
 
 # The windows arrivals are counted in for their burstiness (label value, seconds); the forecaster's
 # service model reads the index of dispersion at a prompt's service time between them
-# (forecaster/service_model.py ARRIVAL_WINDOWS_S, which a test holds equal to these).
+# (forecaster/prompt_queue.py ARRIVAL_WINDOWS_S, which a test holds equal to these).
 ARRIVAL_WINDOWS = (("0.1", 0.1), ("1", 1.0), ("10", 10.0))
 
 

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from forecaster.service_model import ARRIVAL_WINDOWS_S, TOKEN_BUCKETS
+from forecaster.prompt_queue import ARRIVAL_WINDOWS_S
+from forecaster.service_model import TOKEN_BUCKETS
 from forecaster.simulate.profiles import ServiceProfile
 from forecaster.simulate.traces import RequestTrace
 

@@ -733,7 +733,7 @@ def test_clumped_arrivals_are_learned_and_queued_as_clumps(azure_mix):
     policy = ForecastPolicy(PolicyConfig(step_seconds=15.0, horizon_seconds=60.0, cold_start_seconds=60.0))
     fleet, _ = _serve(H100_70B, arrivals, p, o, policy=policy, sample_every=15.0)
     learned = policy.service.model()
-    assert 3.5 < learned.arrival_dispersion < 6.5, policy.service.dispersion_by_window()
+    assert 3.5 < learned.arrival_dispersion < 6.5, policy.service.clumping.by_window()
     assert learned.prefill_tokens_per_s == pytest.approx(H100_70B.prefill_tokens_per_s, rel=0.15)
     done = np.isfinite(fleet.t_done) & (fleet.arrival > 150)
     ttft = (fleet.t_first - fleet.arrival)[done]
@@ -748,7 +748,7 @@ def test_clumped_arrivals_are_learned_and_queued_as_clumps(azure_mix):
 
 
 def test_clumps_of_about_one_predict_as_poisson_and_the_dispersion_is_read_at_the_prompt_queue_time_scale(azure_mix):
-    from forecaster.service_model import dispersion_at
+    from forecaster.prompt_queue import dispersion_at
 
     prompts, outputs = azure_mix
     mix = TokenMix.from_samples(prompts, outputs)

@@ -274,7 +274,7 @@ def test_the_real_sidecar_counts_arrival_clumps_per_window_and_the_scrape_reads_
     # reads one counter per window and differences them per target, as every other counter.
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from forecaster.service_model import ARRIVAL_WINDOWS_S
+    from forecaster.prompt_queue import ARRIVAL_WINDOWS_S
     from forecaster.sources.scrape import parse_metrics
     from sidecar.config import DEFAULT_SLO_CONFIG
     from sidecar.metrics import ARRIVAL_WINDOWS, SidecarMetrics
