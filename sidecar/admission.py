@@ -201,13 +201,9 @@ class Admission:
     def _judge(self, ticket: Ticket, now: float) -> Ticket:
         """Predict TTFT and TPOT for `ticket` sent now, and admit, shed or hold it. A held ticket
         has waited `now - arrived` already: that counts against its TTFT."""
-        self._decide(ticket, now)
-        if ticket.was_held:
-            ticket.held_seconds = now - ticket.arrived
-        return ticket
-
-    def _decide(self, ticket: Ticket, now: float) -> Ticket:
         slo, waited = ticket.slo, now - ticket.arrived
+        if ticket.was_held:
+            ticket.held_seconds = waited
         waiting, n_waiting, batch = self._queue(now)
         ahead = waiting + ticket.prompt_tokens
         batch_mean = batch + n_waiting / 2

@@ -192,9 +192,6 @@ class SidecarMetrics:
     def arrived_now(self, model: str, slo_name: str) -> None:
         """Count a judged request's arrival, before it is held, served or refused: demand counts
         when it arrives (the forecaster reads it)."""
-        self._count_arrival(model, slo_name)
-
-    def _count_arrival(self, model: str, slo_name: str) -> None:
         self.arrived.labels(model, slo_name).inc()
         # Σ n² grows by (n + 1)² − n² = 2n + 1 as the n+1-th request of a window arrives.
         now = self.clock()
@@ -253,7 +250,7 @@ class SidecarMetrics:
             flight.dec()
         if not arrival_counted:
             # Refused before it was judged (e.g. 413): it still arrived, so demand counts it once.
-            self._count_arrival(model, slo.name)
+            self.arrived_now(model, slo.name)
         requests[verdict.outcome].inc()
         if verdict.outcome == "shed":
             return   # answered at once without reaching the engine: no latency or tokens to record
