@@ -54,13 +54,14 @@ GAUGES = {
 }
 
 
-def parse_slos(text: str) -> tuple:
-    """The SLO classes a sidecar announces (goodput_slo_target_seconds, goodput_slo_objective_ratio)."""
+def parse_slos(exposition) -> tuple:
+    """The SLO classes a sidecar announces (goodput_slo_target_seconds, goodput_slo_objective_ratio),
+    from its text exposition or its parsed families."""
     from forecaster.service_model import Slo
 
     targets: dict[str, dict[str, float]] = {}
     ratios: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
+    for family in _families(exposition):
         if family.name not in ("goodput_slo_target_seconds", "goodput_slo_objective_ratio"):
             continue
         for s in family.samples:
@@ -82,13 +83,20 @@ def parse_slos(text: str) -> tuple:
     return tuple(s for s in out if math.isfinite(s.ttft_s) or math.isfinite(s.tpot_s))
 
 
-def parse_metrics(text: str) -> dict[str, float]:
-    """Sums of the samples the forecaster reads, from one Prometheus text exposition."""
+def _families(exposition) -> list:
+    """A Prometheus text exposition parsed once (or the families of one already parsed)."""
+    return list(text_string_to_metric_families(exposition)) if isinstance(exposition, str) else exposition
+
+
+def parse_metrics(exposition) -> dict[str, float]:
+    """Sums of the samples the forecaster reads, from one Prometheus text exposition (or its
+    parsed families)."""
+    families = _families(exposition)
     out: dict[str, float] = {}
     counters = {name for name, _ in COUNTERS.values()} | {ARRIVED}
     wanted = counters | set(GAUGES.values())
     arrived = None
-    for family in text_string_to_metric_families(text):
+    for family in families:
         for s in family.samples:
             if s.name not in wanted or not math.isfinite(s.value):
                 continue
@@ -106,7 +114,7 @@ def parse_metrics(text: str) -> dict[str, float]:
                     out[key + "_n"] = out.get(key + "_n", 0.0) + 1
     if arrived is not None:
         out["arrivals"] = arrived
-    out.update(_token_buckets(text))
+    out.update(_keyed_counters(families))
     return out
 
 
@@ -116,12 +124,12 @@ ARRIVED_SQUARED = "goodput_requests_arrived_squared_total"
 KEYED = ("inhist:", "outhist:", "arrsq:")
 
 
-def _token_buckets(text: str) -> dict[str, float]:
+def _keyed_counters(families: list) -> dict[str, float]:
     """Per-request token histograms as counters, one key per bucket ("inhist:<le>": cumulative
     requests with at most le prompt tokens), and the arrival-burstiness counters, one key per
     window ("arrsq:<window seconds>"), each summed over models."""
     out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
+    for family in families:
         prefix = TOKEN_HISTOGRAMS.get(family.name)
         for s in family.samples:
             if not math.isfinite(s.value) or s.value < 0:
@@ -177,8 +185,9 @@ class ScrapeSource:
                 resp = self._client.get(url)
                 resp.raise_for_status()
                 text = resp.text
-            found = parse_metrics(text)
-            slos = parse_slos(text)
+            families = _families(text)   # parsed once for both readings
+            found = parse_metrics(families)
+            slos = parse_slos(families)
             if slos:
                 self.slos = slos
             return found
