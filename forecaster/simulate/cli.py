@@ -14,7 +14,7 @@ DEFAULT_POLICIES = "utilization,queue-adapter,queue-keda,saturation,goodput,orac
 def register(registry) -> None:
     p = registry.command("simulate", "autoscaling policies replayed on a trace", run_command)
     p.add_argument("--trace", required=True,
-                   help="Azure LLM trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens) or a ServeGen client folder")
+                   help="a per-request trace (Azure LLM CSV, Mooncake JSONL, BurstGPT CSV) or a ServeGen client folder")
     p.add_argument("--policy", default=DEFAULT_POLICIES,
                    help=f"comma-separated policies (default: {DEFAULT_POLICIES})")
     p.add_argument("--cold-start", type=float, default=180.0, help="seconds from ordering a replica to it serving (default 180)")
@@ -25,7 +25,7 @@ def register(registry) -> None:
                    help="HPA behavior.scaleDown.stabilizationWindowSeconds for every HPA-driven policy (default 300, Kubernetes' default)")
     p.add_argument("--metric-delay", type=float, default=30.0, help="age in seconds of the metric the HPA reads (default 30)")
     p.add_argument("--rate-scale", type=float, default=1.0,
-                   help="multiply the trace's arrival rate (Azure: each request replayed k times; ServeGen: every client's rate)")
+                   help="multiply the trace's arrival rate (a per-request trace: each request replayed k times; ServeGen: every client's rate)")
     p.add_argument("--start", type=float, default=0.0, help="ServeGen: start of the slice, seconds")
     p.add_argument("--duration", type=float, default=None, help="ServeGen: length of the slice, seconds (default 6 h)")
     p.add_argument("--tick", type=float, default=None, help="fleet time step, seconds (default 0.1)")
@@ -33,9 +33,9 @@ def register(registry) -> None:
                    help="per-replica capacity the forecaster is given (default: learned online by its service model)")
     p.add_argument("--warmup", type=float, default=0.0,
                    help="score only from this many seconds in (requests arriving and replicas existing after it); default 0")
-    p.add_argument("--target", type=float, default=0.99, help="attainment the oracle must reach (default 0.99)")
+    p.add_argument("--target", type=float, default=0.99, help="attainment the oracle and static searches must reach, as a share of the requests an idle replica serves within the SLO (default 0.99)")
     p.add_argument("--lengths", default=None,
-                   help="ServeGen: Azure CSV whose prompt/output lengths are drawn for the requests")
+                   help="ServeGen: a per-request trace (Azure CSV, Mooncake JSONL, ...) whose prompt/output lengths are drawn for the requests")
     p.add_argument("--goodput-set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a forecaster PolicyConfig field for the goodput policy (repeatable), e.g. target_queue=5")
     p.add_argument("--seed", type=int, default=0)
@@ -76,13 +76,14 @@ def run_command(args: argparse.Namespace) -> int:
     from forecaster.simulate.policies import Limits
     from forecaster.simulate.profiles import load_profile
     from forecaster.simulate.runner import simulate_trace
-    from forecaster.simulate.traces import read_azure_csv, servegen_requests
+    from forecaster.simulate.traces import read_request_trace, servegen_requests
 
     names = _parse_policies(args.policy)
     overrides = _parse_overrides(args.goodput_set)
     trace_path = Path(args.trace)
     if not trace_path.exists():
-        raise UsageError(f"trace {trace_path} does not exist; pass an Azure CSV or a ServeGen client folder")
+        raise UsageError(f"trace {trace_path} does not exist; pass a per-request trace (Azure CSV, Mooncake JSONL, "
+                         "BurstGPT CSV) or a ServeGen client folder")
     try:
         profile = load_profile(args.profile)
         loop = LoopConfig(cold_start_s=args.cold_start, metric_delay_s=args.metric_delay)
@@ -105,12 +106,13 @@ def run_command(args: argparse.Namespace) -> int:
         try:
             if trace_path.is_dir():
                 if not args.lengths:
-                    raise UsageError("a ServeGen folder has no request lengths: pass --lengths AZURE_CSV to draw them from")
-                lengths = read_azure_csv(Path(args.lengths))
+                    raise UsageError("a ServeGen folder has no request lengths: pass --lengths TRACE (an Azure CSV, ...) "
+                                     "to draw them from")
+                lengths = read_request_trace(Path(args.lengths))
                 trace = servegen_requests(trace_path, lengths, args.start, args.duration or 6 * 3600.0,
                                           args.rate_scale, args.seed)
             else:
-                trace = read_azure_csv(trace_path, args.rate_scale, args.seed)
+                trace = read_request_trace(trace_path, args.rate_scale, args.seed)
             runs, facts = simulate_trace(trace, profile, names, loop, limits, tick_s=args.tick or 0.1,
                                          target=args.target, capacity_rps=args.capacity_rps,
                                          goodput_overrides=overrides, warmup_s=args.warmup,
@@ -131,6 +133,8 @@ def run_command(args: argparse.Namespace) -> int:
     print(f"SLO: TTFT <= {profile.slo.ttft_s:g} s and TPOT <= {profile.slo.tpot_s:g} s; "
           + (f"forecaster capacity {capacity:.2f} req/s per replica; " if capacity else "")
           + f"wall {setup['wall_s']} s")
+    print(f"requests an idle replica serves within the SLO: {100 * facts['servable_alone']:.2f} %; the oracle and "
+          f"static searches aim at {args.target:g} of those ({100 * facts['oracle_target']:.2f} % of all)")
     if learned:
         curve = f" + {1000 * profile.decode_log_s:g}·ln(b)" if profile.decode_log_s else ""
         print(f"forecaster learned online: capacity {learned['capacity_rps']:.2f} req/s per replica "

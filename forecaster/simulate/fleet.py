@@ -358,6 +358,19 @@ class RequestFleet:
     def dropped(self) -> np.ndarray:
         return np.array(self._dropped, dtype=bool)
 
+    def servable_alone(self) -> np.ndarray:
+        """Per request: whether it meets the SLO on an idle replica of its own. It is routed at
+        the first tick start at or after its arrival, prefills its whole prompt at the prefill
+        rate (no decode shares the steps) and decodes alone at the one-sequence step. A request
+        that fails even so (a prompt longer than the TTFT objective's worth of prefill) is no
+        capacity problem: no number of replicas serves it in time. KV-dropped requests fail."""
+        p, tick = self.profile, self.tick_s
+        routed = np.ceil(self.arrival / tick - 1e-9) * tick
+        ttft = routed - self.arrival + self.prompt / p.prefill_tokens_per_s
+        tpot = np.where(self.output > 1, p.step_s(1.0), 0.0)
+        fits = self.prompt + self.output <= p.kv_capacity_tokens
+        return fits & (ttft <= p.slo.ttft_s) & (tpot <= p.slo.tpot_s)
+
     # -- observation ------------------------------------------------------------------------
     def view(self, now: float) -> FleetView:
         ready = [r for r in self.replicas if not r.draining and r.ready_s <= now]

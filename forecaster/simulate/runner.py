@@ -118,6 +118,13 @@ def simulate_trace(trace: RequestTrace, profile: ServiceProfile, policy_names: l
                    warmup_s: float = 0.0) -> tuple[list[PolicyRun], dict]:
     """Every named policy on the trace. Returns the runs and facts about the setup (for the report)."""
     end = trace.duration_s
+    # The oracle and the static fleet aim at `target` of the requests an idle replica serves
+    # within the SLO, as the forecaster's objective ratio does: a prompt too long to prefill
+    # within the TTFT objective misses on any fleet, so an absolute target would make them buy
+    # replicas for it (and miss anyway).
+    servable = RequestFleet(profile, trace, 0, loop.cold_start_s, tick_s).servable_alone()[trace.arrival_s >= warmup_s]
+    ceiling = float(servable.mean()) if len(servable) else 1.0
+    oracle_target = target * ceiling
     required = required_replicas(work_per_second(trace, profile), profile.slo.ttft_s)
     base_plan = oracle_plan(required, loop.cold_start_s, limits.min_replicas, limits.max_replicas)
     initial = int(base_plan[0])
@@ -127,10 +134,10 @@ def simulate_trace(trace: RequestTrace, profile: ServiceProfile, policy_names: l
     learned = None
     static = None
     if "static" in policy_names:
-        static = _static_search(trace, profile, loop, limits, required, tick_s, target, progress, warmup_s)
+        static = _static_search(trace, profile, loop, limits, required, tick_s, oracle_target, progress, warmup_s)
     for name in policy_names:
         if name == "oracle":
-            runs.append(_oracle_search(trace, profile, loop, limits, required, tick_s, target, progress, warmup_s,
+            runs.append(_oracle_search(trace, profile, loop, limits, required, tick_s, oracle_target, progress, warmup_s,
                                        static))
             continue
         if name == "static":
@@ -144,6 +151,7 @@ def simulate_trace(trace: RequestTrace, profile: ServiceProfile, policy_names: l
         if name == "goodput" and capacity_rps is None:
             learned = _learned(policy)
     facts = {"initial_replicas": initial, "warmup_s": warmup_s, "capacity_rps": capacity_rps, "requests": len(trace),
+             "servable_alone": ceiling, "oracle_target": oracle_target,
              "duration_s": end, "mean_rate_rps": len(trace) / end if end else 0.0}
     if learned is not None:
         facts["learned"] = learned

@@ -1,10 +1,12 @@
-"""Traces the simulator replays: per-request (Azure CSV) and per-client rates (ServeGen folder).
+"""Traces the simulator replays: per-request (Azure CSV, Mooncake JSONL, BurstGPT CSV) and per-client
+rates (ServeGen folder).
 
 The files are read by `tracefiles` (one reader per format, shared with the load generator and
 the backtests); this module turns the records into arrays and draws arrivals.
 
-- Azure LLM inference CSV (TIMESTAMP, ContextTokens, GeneratedTokens): one row per request;
-  here it becomes arrays, optionally scaled.
+- Per-request traces, one record per request (Azure LLM inference CSV: TIMESTAMP, ContextTokens,
+  GeneratedTokens; Mooncake JSONL: timestamp in ms, input_length, output_length; BurstGPT CSV):
+  here they become arrays, optionally scaled.
 - ServeGen client folder (chunk-<client>-trace.csv, no header: window start s, rate req/s, cv,
   distribution Gamma|Weibull, shape, scale): per client and 10-minute window, the rate and the
   fitted inter-arrival distribution. servegen_requests() draws the arrivals inside each window
@@ -53,8 +55,14 @@ def read_azure_csv(path: str | Path, rate_scale: float = 1.0, seed: int = 0) -> 
     """Read an Azure trace (tracefiles.read_azure; a bad file raises its TraceError, a
     ValueError naming the file and line); `rate_scale` != 1 replays each request that many
     times (see scale_requests)."""
+    return read_request_trace(path, rate_scale, seed, fmt="azure")
+
+
+def read_request_trace(path: str | Path, rate_scale: float = 1.0, seed: int = 0, fmt: str | None = None) -> RequestTrace:
+    """Read any per-request trace tracefiles knows (Azure CSV, Mooncake JSONL, BurstGPT CSV; the
+    format from the file unless `fmt` names it) into arrays; `rate_scale` as in read_azure_csv."""
     path = Path(path)
-    requests = tracefiles.read_azure(path)
+    requests = tracefiles.read_requests(path, fmt)
     trace = RequestTrace(
         name=path.stem,
         arrival_s=np.array([r.arrival_s for r in requests], dtype=float),

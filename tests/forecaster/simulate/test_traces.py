@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from forecaster.simulate.traces import read_azure_csv, servegen_requests
+from forecaster.simulate.traces import read_azure_csv, read_request_trace, servegen_requests
 from tests.support import TRACES
 
 AZURE = TRACES / "azure2023_code.csv"
@@ -22,6 +22,16 @@ def test_azure_rate_scale_replays_every_request_k_times():
     assert sorted(scaled.prompt_tokens.tolist()) == sorted(np.repeat(base.prompt_tokens, 4).tolist())
     assert np.all(np.diff(scaled.arrival_s) >= 0)
     assert abs(scaled.duration_s - base.duration_s) <= 1.0  # +-0.5 s jitter at either end
+
+
+def test_the_mooncake_trace_replays_as_its_readme_describes_it():
+    # The traces README: 12,031 requests over 58.9 minutes; lengths as recorded, arrivals from 0.
+    trace = read_request_trace(TRACES / "mooncake_conversation.jsonl")
+    assert trace.name == "mooncake_conversation" and len(trace) == 12031
+    assert trace.arrival_s[0] == 0.0 and 58.8 * 60 < trace.duration_s < 59.0 * 60
+    assert np.all(np.diff(trace.arrival_s) >= 0) and trace.prompt_tokens.max() > 100_000
+    doubled = read_request_trace(TRACES / "mooncake_conversation.jsonl", rate_scale=2, seed=1)
+    assert len(doubled) == 2 * 12031
 
 
 def test_servegen_slice_counts_what_the_clients_rates_promise():
