@@ -38,6 +38,9 @@ def register(registry) -> None:
                    help="ServeGen: a per-request trace (Azure CSV, Mooncake JSONL, ...) whose prompt/output lengths are drawn for the requests")
     p.add_argument("--goodput-set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a forecaster PolicyConfig field for the goodput policy (repeatable), e.g. target_queue=5")
+    p.add_argument("--router", default="least-outstanding", choices=("least-outstanding", "random"),
+                   help="how the fleet spreads requests: to the replica with the fewest in flight (a load-aware "
+                        "gateway; default) or at random (a Kubernetes Service)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="folder for plots (PNG), results.md and results.json")
     p.add_argument("--json", default=None, help="write results JSON to this file")
@@ -116,8 +119,9 @@ def run_command(args: argparse.Namespace) -> int:
             runs, facts = simulate_trace(trace, profile, names, loop, limits, tick_s=args.tick or 0.1,
                                          target=args.target, capacity_rps=args.capacity_rps,
                                          goodput_overrides=overrides, warmup_s=args.warmup,
-                                         progress=lambda n, t: progress(n, t, trace.duration_s))
-            title = f"{trace.name}, {profile.name}, cold start {args.cold_start:g} s"
+                                         progress=lambda n, t: progress(n, t, trace.duration_s), router=args.router)
+            title = f"{trace.name}, {profile.name}, cold start {args.cold_start:g} s" + \
+                (", requests routed at random" if args.router == "random" else "")
         except (ValueError, TypeError) as exc:
             raise UsageError(str(exc)) from exc
 

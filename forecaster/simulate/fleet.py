@@ -9,7 +9,8 @@ A request is *waiting* (vLLM's num_requests_waiting) until its first prompt chun
 which happens only when the tick still has prefill budget, a batch slot and KV room for the
 request's prompt + output (reserved up front, so there are no preemptions).
 
-Routing: least outstanding requests among ready replicas, at the first tick start at or after the
+Routing: least outstanding requests among ready replicas (a load-aware gateway), or a replica drawn
+at random (`router="random"`: a Kubernetes Service), at the first tick start at or after the
 request's arrival (so scheduling is late by under one tick, never early). Replicas start cold
 (counted as cost, not serving) and drain when removed (finish everything they hold, take nothing
 new). A request whose prompt + output can never fit in one replica's KV cache is dropped.
@@ -28,6 +29,9 @@ from forecaster.prompt_queue import ARRIVAL_WINDOWS_S
 from forecaster.service_model import TOKEN_BUCKETS
 from forecaster.simulate.profiles import ServiceProfile
 from forecaster.simulate.traces import RequestTrace
+
+
+ROUTERS = ("least-outstanding", "random")
 
 
 @dataclass
@@ -112,9 +116,13 @@ class RequestFleet:
     """Owns replicas and every request's progress; set_replicas() is the only control input."""
 
     def __init__(self, profile: ServiceProfile, trace: RequestTrace, initial_replicas: int,
-                 cold_start_s: float, tick_s: float = 0.1):
+                 cold_start_s: float, tick_s: float = 0.1, router: str = "least-outstanding", seed: int = 0):
         if tick_s <= 0 or cold_start_s < 0 or initial_replicas < 0:
             raise ValueError("tick_s must be > 0, cold_start_s >= 0 and initial_replicas >= 0")
+        if router not in ROUTERS:
+            raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {router!r}")
+        self.router = router
+        self._rng = np.random.default_rng(seed)
         self.profile, self.cold_start_s, self.tick_s = profile, cold_start_s, tick_s
         self.arrival = np.asarray(trace.arrival_s, dtype=float)
         self.prompt = np.asarray(trace.prompt_tokens, dtype=float)
@@ -221,8 +229,9 @@ class RequestFleet:
         if not targets or not self.router_queue:
             return
         load = np.array([r.outstanding for r in targets])
+        pick_random = self.router == "random"
         while self.router_queue:
-            k = int(np.argmin(load))
+            k = int(self._rng.integers(len(targets))) if pick_random else int(np.argmin(load))
             i = self.router_queue.popleft()
             r = targets[k]
             r.waiting.append(i)

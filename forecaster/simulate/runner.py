@@ -115,7 +115,7 @@ def sweep_capacity(profile: ServiceProfile, trace: RequestTrace, target: float =
 def simulate_trace(trace: RequestTrace, profile: ServiceProfile, policy_names: list[str], loop: LoopConfig,
                    limits: Limits, tick_s: float = 0.1, target: float = 0.99, capacity_rps: float | None = None,
                    goodput_overrides: dict | None = None, progress=None,
-                   warmup_s: float = 0.0) -> tuple[list[PolicyRun], dict]:
+                   warmup_s: float = 0.0, router: str = "least-outstanding") -> tuple[list[PolicyRun], dict]:
     """Every named policy on the trace. Returns the runs and facts about the setup (for the report)."""
     end = trace.duration_s
     # The oracle and the static fleet aim at `target` of the requests an idle replica serves
@@ -134,24 +134,25 @@ def simulate_trace(trace: RequestTrace, profile: ServiceProfile, policy_names: l
     learned = None
     static = None
     if "static" in policy_names:
-        static = _static_search(trace, profile, loop, limits, required, tick_s, oracle_target, progress, warmup_s)
+        static = _static_search(trace, profile, loop, limits, required, tick_s, oracle_target, progress, warmup_s,
+                                router)
     for name in policy_names:
         if name == "oracle":
             runs.append(_oracle_search(trace, profile, loop, limits, required, tick_s, oracle_target, progress, warmup_s,
-                                       static))
+                                       static, router))
             continue
         if name == "static":
             runs.append(static)
             continue
         policy = make_policy(name, limits, loop.cold_start_s, capacity_rps, goodput_overrides=goodput_overrides,
                              slo=profile.slo, target=target)
-        fleet = RequestFleet(profile, trace, initial, loop.cold_start_s, tick_s)
+        fleet = RequestFleet(profile, trace, initial, loop.cold_start_s, tick_s, router)
         timeline = run(fleet, policy, loop, end, progress=_bind(progress, name))
         runs.append(score(name, fleet, timeline, required, end, warmup_s=warmup_s))
         if name == "goodput" and capacity_rps is None:
             learned = _learned(policy)
     facts = {"initial_replicas": initial, "warmup_s": warmup_s, "capacity_rps": capacity_rps, "requests": len(trace),
-             "servable_alone": ceiling, "oracle_target": oracle_target,
+             "servable_alone": ceiling, "oracle_target": oracle_target, "router": router,
              "duration_s": end, "mean_rate_rps": len(trace) / end if end else 0.0}
     if learned is not None:
         facts["learned"] = learned
@@ -173,7 +174,7 @@ def _learned(policy) -> dict | None:
 
 
 def _oracle_search(trace, profile, loop, limits, required, tick_s, target, progress, warmup_s,
-                   static: PolicyRun | None = None) -> PolicyRun:
+                   static: PolicyRun | None = None, router: str = "least-outstanding") -> PolicyRun:
     """The cheapest clairvoyant plan that meets `target`: the headroom on the work-based plan is
     bisected (below 1 too: the work formula prices decode at a fixed batch, so it can overstate
     what a replica needs), and a fixed fleet that meets the target is a clairvoyant plan as well,
@@ -184,7 +185,7 @@ def _oracle_search(trace, profile, loop, limits, required, tick_s, target, progr
         headroom = round(headroom, 3)
         if headroom not in tried:
             plan = oracle_plan(required * headroom, loop.cold_start_s, limits.min_replicas, limits.max_replicas)
-            fleet = RequestFleet(profile, trace, int(plan[0]), loop.cold_start_s, tick_s)
+            fleet = RequestFleet(profile, trace, int(plan[0]), loop.cold_start_s, tick_s, router)
             timeline = run(fleet, Oracle(plan, headroom), loop, trace.duration_s,
                            progress=_bind(progress, f"oracle x{headroom:g}"))
             tried[headroom] = score("oracle", fleet, timeline, required, trace.duration_s,
@@ -229,7 +230,8 @@ def _bind(progress, name):
     return lambda t: progress(name, t)
 
 
-def _static_search(trace, profile, loop, limits, required, tick_s, target, progress, warmup_s) -> PolicyRun:
+def _static_search(trace, profile, loop, limits, required, tick_s, target, progress, warmup_s,
+                   router: str = "least-outstanding") -> PolicyRun:
     """The smallest fixed fleet that reaches `target` (bisection): what a causal policy costs if it
     cannot follow the load at all and simply provisions for it."""
     n_plan = len(required)
@@ -238,7 +240,7 @@ def _static_search(trace, profile, loop, limits, required, tick_s, target, progr
     while lo <= hi:
         n = (lo + hi) // 2
         plan = np.full(n_plan, n, dtype=np.int64)
-        fleet = RequestFleet(profile, trace, n, loop.cold_start_s, tick_s)
+        fleet = RequestFleet(profile, trace, n, loop.cold_start_s, tick_s, router)
         timeline = run(fleet, Oracle(plan, 1.0), loop, trace.duration_s, progress=_bind(progress, f"static {n}"))
         scored = score("static", fleet, timeline, required, trace.duration_s, note=f"{n} replicas", warmup_s=warmup_s)
         if scored.result.attainment >= target:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections import deque
 
 import numpy as np
+import pytest
 
 from forecaster.simulate.oracle import oracle_plan, required_replicas
 from tests.support import goodput_command
@@ -122,3 +124,40 @@ def test_an_ample_fleet_serves_exactly_the_requests_a_replica_of_their_own_would
     alone = fleet.servable_alone()
     assert 0.5 < alone.mean() < 0.95
     assert np.array_equal(fleet.good, alone)
+
+
+def test_the_random_router_splits_at_random_where_least_outstanding_balances():
+    # 400 short requests, one every 0.1 s, over 4 replicas: each is done before the next comes, so
+    # least-outstanding finds ties and hands them to the first replica with the least in flight
+    # (replicas 3 and 4 get none), while the random router (a Kubernetes Service) spreads them
+    # like a multinomial draw: about 100 each.
+    from forecaster.simulate.fleet import RequestFleet
+    from forecaster.simulate.profiles import load_profile
+    from forecaster.simulate.traces import RequestTrace
+
+    profile = load_profile("h100-70b")
+    arrival = np.arange(400) * 0.1
+    trace = RequestTrace("even", arrival, np.full(400, 100), np.full(400, 1))
+    counts = {}
+
+    class Counted(deque):
+        appended = 0
+
+        def append(self, item):
+            self.appended += 1
+            super().append(item)
+
+    for router in ("least-outstanding", "random"):
+        fleet = RequestFleet(profile, trace, 4, 0.0, 0.1, router=router, seed=3)
+        for r in fleet.replicas:
+            r.waiting = Counted()
+        k = 0
+        while not fleet.idle or k * 0.1 <= arrival[-1]:
+            fleet.step(round(k * 0.1, 9))
+            k += 1
+        counts[router] = np.array([r.waiting.appended for r in fleet.replicas])
+        assert fleet.good.all()
+    assert counts["least-outstanding"].sum() == 400 and counts["least-outstanding"][2:].sum() == 0
+    assert counts["random"].sum() == 400 and 60 < counts["random"].min() and counts["random"].max() < 140
+    with pytest.raises(ValueError, match="router"):
+        RequestFleet(profile, trace, 1, 0.0, 0.1, router="round-robin")
