@@ -28,6 +28,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+import tracefiles
 from sidecar.loadgen.workload import PlannedRequest
 
 CALIBRATION_CLASS = "calibrate"
@@ -85,29 +86,13 @@ def parse_phases(text: str) -> tuple[PhaseSpec, ...]:
 
 
 def spread_ties(trace: list[PlannedRequest]) -> list[PlannedRequest]:
-    """Requests sharing one timestamp spread evenly up to the next timestamp.
-
-    Traces logged at a coarse resolution (the Mooncake traces at 3 s: 10 requests at 0 ms, 16 at
-    3000 ms, ...) would otherwise replay as clumps that arrived together, which they did not.
-    The last group keeps the mean gap of the others."""
-    if len(trace) < 2:
+    """Requests sharing one timestamp spread evenly up to the next timestamp (tracefiles.spread_ties:
+    a trace logged at 3 s would otherwise replay as clumps that arrived together)."""
+    if len({r.arrival for r in trace}) < 2:
         return list(trace)
-    times = sorted({r.arrival for r in trace})
-    if len(times) < 2:
-        return list(trace)
-    mean_gap = (times[-1] - times[0]) / (len(times) - 1)
-    nxt = {t: (times[i + 1] if i + 1 < len(times) else t + mean_gap) for i, t in enumerate(times)}
-    out, i = [], 0
     ordered = sorted(trace, key=lambda r: r.arrival)
-    while i < len(ordered):
-        j = i
-        while j < len(ordered) and ordered[j].arrival == ordered[i].arrival:
-            j += 1
-        t0, gap = ordered[i].arrival, nxt[ordered[i].arrival] - ordered[i].arrival
-        for k in range(i, j):
-            out.append(replace(ordered[k], arrival=t0 + gap * (k - i) / (j - i)))
-        i = j
-    return out
+    times = tracefiles.spread_ties([r.arrival for r in ordered])
+    return [replace(r, arrival=t) for r, t in zip(ordered, times)]
 
 
 def plan_phases(trace: list[PlannedRequest], capacity: float, specs: tuple[PhaseSpec, ...],

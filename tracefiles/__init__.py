@@ -14,10 +14,10 @@ Formats:
 
 from tracefiles.records import ClientWindows, TraceError, TraceRequest
 from tracefiles.requests import (MOONCAKE_BLOCK_TOKENS, detect_format, read_azure, read_burstgpt, read_mooncake,
-                                 read_requests)
+                                 read_requests, spread_ties)
 from tracefiles.servegen import SERVEGEN_WINDOW_S, read_servegen
 
 __all__ = [
     "ClientWindows", "MOONCAKE_BLOCK_TOKENS", "SERVEGEN_WINDOW_S", "TraceError", "TraceRequest", "detect_format",
-    "read_azure", "read_burstgpt", "read_mooncake", "read_requests", "read_servegen",
+    "read_azure", "read_burstgpt", "read_mooncake", "read_requests", "read_servegen", "spread_ties",
 ]

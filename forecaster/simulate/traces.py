@@ -60,12 +60,15 @@ def read_azure_csv(path: str | Path, rate_scale: float = 1.0, seed: int = 0) -> 
 
 def read_request_trace(path: str | Path, rate_scale: float = 1.0, seed: int = 0, fmt: str | None = None) -> RequestTrace:
     """Read any per-request trace tracefiles knows (Azure CSV, Mooncake JSONL, BurstGPT CSV; the
-    format from the file unless `fmt` names it) into arrays; `rate_scale` as in read_azure_csv."""
+    format from the file unless `fmt` names it) into arrays, requests sharing a timestamp spread
+    evenly to the next one (tracefiles.spread_ties); `rate_scale` as in read_azure_csv."""
     path = Path(path)
     requests = tracefiles.read_requests(path, fmt)
     trace = RequestTrace(
         name=path.stem,
-        arrival_s=np.array([r.arrival_s for r in requests], dtype=float),
+        # A trace logged at a coarse resolution (Mooncake's at 3 s) has requests sharing a
+        # timestamp; they arrived spread over the interval, not in one clump.
+        arrival_s=np.array(tracefiles.spread_ties([r.arrival_s for r in requests]), dtype=float),
         prompt_tokens=np.array([r.input_tokens for r in requests], dtype=np.int64),
         output_tokens=np.maximum(1, np.array([r.output_tokens for r in requests], dtype=np.int64)),
     )

@@ -30,6 +30,8 @@ def test_the_mooncake_trace_replays_as_its_readme_describes_it():
     assert trace.name == "mooncake_conversation" and len(trace) == 12031
     assert trace.arrival_s[0] == 0.0 and 58.8 * 60 < trace.duration_s < 59.0 * 60
     assert np.all(np.diff(trace.arrival_s) >= 0) and trace.prompt_tokens.max() > 100_000
+    # It logs at 3 s (about 10 requests a timestamp): replayed spread over each interval, not as clumps.
+    assert len(np.unique(trace.arrival_s)) == 12031 and np.diff(trace.arrival_s).max() < 3.1
     doubled = read_request_trace(TRACES / "mooncake_conversation.jsonl", rate_scale=2, seed=1)
     assert len(doubled) == 2 * 12031
 
