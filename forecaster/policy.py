@@ -375,7 +375,7 @@ class ForecastPolicy:
         terms = {"queue": fluid_n, "now": need_now, "demand": demand_floor, "burst": burst}
         raw = min(cfg.max_replicas, max(cfg.min_replicas, *terms.values()))
         desired = self._stabilise(now, raw, ready + starting, max(demand_floor, burst))
-        reasons = tuple(k for k, v in terms.items() if v == raw) or ("min",)
+        reasons = decision_reasons(terms, raw, cfg.max_replicas)
         self._slo_capacity()   # the latency forecast needs the fitted model, configured capacity or not
         ttft, tpot = self._latency_forecast((float(fc.mean[-1]), float(fc.upper[-1])), max(1, ready + starting))
         return Decision(int(desired), float(q_mean), float(q_upper), float(fc.mean[-1]), float(fc.upper[-1]),
@@ -417,4 +417,15 @@ class ForecastPolicy:
         self.selector.close()
 
 
-__all__ = ["FleetSample", "PolicyConfig", "Decision", "ForecastPolicy"]
+def decision_reasons(terms: dict[str, int], raw: int, max_replicas: int) -> tuple[str, ...]:
+    """Which terms set desired replicas `raw`: those equal to it; where the replica bounds did,
+    the terms beyond the maximum and "max" (a log line read "min" at 100 replicas), else "min"."""
+    equal = tuple(k for k, v in terms.items() if v == raw)
+    if equal:
+        return equal
+    if raw == max_replicas:
+        return tuple(k for k, v in terms.items() if v > raw) + ("max",)
+    return ("min",)
+
+
+__all__ = ["FleetSample", "PolicyConfig", "Decision", "ForecastPolicy", "decision_reasons"]

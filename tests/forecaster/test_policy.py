@@ -228,6 +228,16 @@ def test_a_level_shift_down_or_a_lone_burst_holds_no_floor():
     assert not any("burst" in d.reasons for t, d in lone)
 
 
+def test_a_decision_at_a_replica_bound_says_which_bound_and_which_terms_pushed_past_it():
+    from forecaster.policy import decision_reasons
+
+    # Demand asked for 130 and the burst floor for 120 with at most 100 replicas: they, and the
+    # maximum that capped them (it used to read "min" at 100 replicas).
+    assert decision_reasons({"queue": 40, "now": 35, "demand": 130, "burst": 120}, 100, 100) == ("demand", "burst", "max")
+    assert decision_reasons({"queue": 3, "now": 5, "demand": 5, "burst": 0}, 5, 100) == ("now", "demand")
+    assert decision_reasons({"queue": 0, "now": 0, "demand": 1, "burst": 0}, 2, 100) == ("min",)
+
+
 def test_before_any_rate_is_known_the_forecaster_holds_the_fleet():
     # One sample, no rate yet: publishing the minimum would have the HPA take 5 replicas to 1 the
     # moment a forecaster starts or restarts.
