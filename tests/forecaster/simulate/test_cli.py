@@ -79,6 +79,23 @@ def test_simulate_replays_a_mooncake_jsonl_and_says_what_a_bad_line_is(tmp_path)
     assert "conversation.jsonl:2" in proc.stderr and "output_length" in proc.stderr
 
 
+def test_a_target_no_fleet_within_the_maximum_reaches_is_said_under_the_table(tmp_path):
+    # 20 req/s of up to 3,000-token prompts on at most one replica: neither search can reach 99 %,
+    # and the table's rows for them are their best misses, which the output says.
+    trace = tmp_path / "trace.csv"
+    _write_azure_csv(trace, seconds=420)
+    proc = subprocess.run(goodput_command("simulate", "--trace", str(trace), "--policy", "oracle,static",
+                                          "--max-replicas", "1", "--cold-start", "60"),
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert "note: no oracle plan within --max-replicas 1 reaches the target (99.00 %)" in proc.stdout
+    assert "note: no static plan within --max-replicas 1" in proc.stdout
+    # Where the target is reached, nothing is said.
+    ok = subprocess.run(goodput_command("simulate", "--trace", str(trace), "--policy", "static", "--cold-start", "60"),
+                        capture_output=True, text=True, timeout=240)
+    assert ok.returncode == 0 and "note: no" not in ok.stdout
+
+
 def test_unknown_policy_is_a_one_line_usage_error(tmp_path):
     trace = tmp_path / "trace.csv"
     _write_azure_csv(trace, seconds=310)
