@@ -8,6 +8,10 @@ from pathlib import Path
 
 from goodput_cli.errors import UsageError
 
+# The simulated fleet's routers (forecaster/simulate/fleet.py ROUTERS, which a test holds equal);
+# the fleet module imports numpy, which `goodput --help` should not wait for.
+ROUTERS = ("least-outstanding", "random")
+
 DEFAULT_POLICIES = "utilization,queue-adapter,queue-keda,saturation,goodput,oracle"
 
 
@@ -38,7 +42,7 @@ def register(registry) -> None:
                    help="ServeGen: a per-request trace (Azure CSV, Mooncake JSONL, ...) whose prompt/output lengths are drawn for the requests")
     p.add_argument("--goodput-set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a forecaster PolicyConfig field for the goodput policy (repeatable), e.g. target_queue=5")
-    p.add_argument("--router", default="least-outstanding", choices=("least-outstanding", "random"),
+    p.add_argument("--router", default=ROUTERS[0], choices=ROUTERS,
                    help="how the fleet spreads requests: to the replica with the fewest in flight (a load-aware "
                         "gateway; default) or at random (a Kubernetes Service)")
     p.add_argument("--seed", type=int, default=0)

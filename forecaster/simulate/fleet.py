@@ -31,7 +31,22 @@ from forecaster.simulate.profiles import ServiceProfile
 from forecaster.simulate.traces import RequestTrace
 
 
-ROUTERS = ("least-outstanding", "random")
+ROUTERS = ("least-outstanding", "random")   # the first is the default
+
+
+def servable_alone(profile: ServiceProfile, trace: RequestTrace, tick_s: float = 0.1) -> np.ndarray:
+    """Per request: whether it meets the SLO on an idle replica of its own, as RequestFleet serves
+    it: routed at the first tick start at or after its arrival, its whole prompt prefilled at the
+    prefill rate (no decode shares the steps), decoded alone at the one-sequence step. A request
+    that fails even so (a prompt longer than the TTFT objective's worth of prefill) is no capacity
+    problem: no number of replicas serves it in time. A request dropped for KV room fails too."""
+    arrival = np.asarray(trace.arrival_s, dtype=float)
+    prompt = np.asarray(trace.prompt_tokens, dtype=float)
+    output = np.maximum(1.0, np.asarray(trace.output_tokens, dtype=float))
+    ttft = np.ceil(arrival / tick_s - 1e-9) * tick_s - arrival + prompt / profile.prefill_tokens_per_s
+    tpot = np.where(output > 1, profile.step_s(1.0), 0.0)
+    fits = prompt + output <= profile.kv_capacity_tokens
+    return fits & (ttft <= profile.slo.ttft_s) & (tpot <= profile.slo.tpot_s)
 
 
 @dataclass
@@ -116,7 +131,7 @@ class RequestFleet:
     """Owns replicas and every request's progress; set_replicas() is the only control input."""
 
     def __init__(self, profile: ServiceProfile, trace: RequestTrace, initial_replicas: int,
-                 cold_start_s: float, tick_s: float = 0.1, router: str = "least-outstanding", seed: int = 0):
+                 cold_start_s: float, tick_s: float = 0.1, router: str = ROUTERS[0], seed: int = 0):
         if tick_s <= 0 or cold_start_s < 0 or initial_replicas < 0:
             raise ValueError("tick_s must be > 0, cold_start_s >= 0 and initial_replicas >= 0")
         if router not in ROUTERS:
@@ -366,19 +381,6 @@ class RequestFleet:
     @property
     def dropped(self) -> np.ndarray:
         return np.array(self._dropped, dtype=bool)
-
-    def servable_alone(self) -> np.ndarray:
-        """Per request: whether it meets the SLO on an idle replica of its own. It is routed at
-        the first tick start at or after its arrival, prefills its whole prompt at the prefill
-        rate (no decode shares the steps) and decodes alone at the one-sequence step. A request
-        that fails even so (a prompt longer than the TTFT objective's worth of prefill) is no
-        capacity problem: no number of replicas serves it in time. KV-dropped requests fail."""
-        p, tick = self.profile, self.tick_s
-        routed = np.ceil(self.arrival / tick - 1e-9) * tick
-        ttft = routed - self.arrival + self.prompt / p.prefill_tokens_per_s
-        tpot = np.where(self.output > 1, p.step_s(1.0), 0.0)
-        fits = self.prompt + self.output <= p.kv_capacity_tokens
-        return fits & (ttft <= p.slo.ttft_s) & (tpot <= p.slo.tpot_s)
 
     # -- observation ------------------------------------------------------------------------
     def view(self, now: float) -> FleetView:

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from forecaster.simulate.fleet import RequestFleet
+from forecaster.simulate.fleet import ROUTERS, RequestFleet, servable_alone
 from forecaster.simulate.loop import LoopConfig, run
 from forecaster.simulate.oracle import HEADROOMS, Oracle, oracle_plan, required_replicas
 from forecaster.simulate.policies import Limits, make_policy
@@ -115,17 +115,21 @@ def sweep_capacity(profile: ServiceProfile, trace: RequestTrace, target: float =
 def simulate_trace(trace: RequestTrace, profile: ServiceProfile, policy_names: list[str], loop: LoopConfig,
                    limits: Limits, tick_s: float = 0.1, target: float = 0.99, capacity_rps: float | None = None,
                    goodput_overrides: dict | None = None, progress=None,
-                   warmup_s: float = 0.0, router: str = "least-outstanding") -> tuple[list[PolicyRun], dict]:
+                   warmup_s: float = 0.0, router: str = ROUTERS[0]) -> tuple[list[PolicyRun], dict]:
     """Every named policy on the trace. Returns the runs and facts about the setup (for the report)."""
     end = trace.duration_s
     # The oracle and the static fleet aim at `target` of the requests an idle replica serves
     # within the SLO, as the forecaster's objective ratio does: a prompt too long to prefill
     # within the TTFT objective misses on any fleet, so an absolute target would make them buy
     # replicas for it (and miss anyway).
-    servable = RequestFleet(profile, trace, 0, loop.cold_start_s, tick_s).servable_alone()[trace.arrival_s >= warmup_s]
+    servable = servable_alone(profile, trace, tick_s)[trace.arrival_s >= warmup_s]
     ceiling = float(servable.mean()) if len(servable) else 1.0
     oracle_target = target * ceiling
     required = required_replicas(work_per_second(trace, profile), profile.slo.ttft_s)
+
+    def fleet_of(n: int) -> RequestFleet:
+        return RequestFleet(profile, trace, n, loop.cold_start_s, tick_s, router)
+
     base_plan = oracle_plan(required, loop.cold_start_s, limits.min_replicas, limits.max_replicas)
     initial = int(base_plan[0])
     # The goodput policy learns its capacity online (the service model, from the fleet's own
@@ -134,19 +138,18 @@ def simulate_trace(trace: RequestTrace, profile: ServiceProfile, policy_names: l
     learned = None
     static = None
     if "static" in policy_names:
-        static = _static_search(trace, profile, loop, limits, required, tick_s, oracle_target, progress, warmup_s,
-                                router)
+        static = _static_search(fleet_of, trace, loop, limits, required, oracle_target, progress, warmup_s)
     for name in policy_names:
         if name == "oracle":
-            runs.append(_oracle_search(trace, profile, loop, limits, required, tick_s, oracle_target, progress, warmup_s,
-                                       static, router))
+            runs.append(_oracle_search(fleet_of, trace, loop, limits, required, oracle_target, progress, warmup_s,
+                                       static))
             continue
         if name == "static":
             runs.append(static)
             continue
         policy = make_policy(name, limits, loop.cold_start_s, capacity_rps, goodput_overrides=goodput_overrides,
                              slo=profile.slo, target=target)
-        fleet = RequestFleet(profile, trace, initial, loop.cold_start_s, tick_s, router)
+        fleet = fleet_of(initial)
         timeline = run(fleet, policy, loop, end, progress=_bind(progress, name))
         runs.append(score(name, fleet, timeline, required, end, warmup_s=warmup_s))
         if name == "goodput" and capacity_rps is None:
@@ -173,8 +176,8 @@ def _learned(policy) -> dict | None:
             "prompt_mean": params.prompt_mean, "output_mean": params.output_mean, "steps": params.num_steps}
 
 
-def _oracle_search(trace, profile, loop, limits, required, tick_s, target, progress, warmup_s,
-                   static: PolicyRun | None = None, router: str = "least-outstanding") -> PolicyRun:
+def _oracle_search(fleet_of, trace, loop, limits, required, target, progress, warmup_s,
+                   static: PolicyRun | None = None) -> PolicyRun:
     """The cheapest clairvoyant plan that meets `target`: the headroom on the work-based plan is
     bisected (below 1 too: the work formula prices decode at a fixed batch, so it can overstate
     what a replica needs), and a fixed fleet that meets the target is a clairvoyant plan as well,
@@ -185,7 +188,7 @@ def _oracle_search(trace, profile, loop, limits, required, tick_s, target, progr
         headroom = round(headroom, 3)
         if headroom not in tried:
             plan = oracle_plan(required * headroom, loop.cold_start_s, limits.min_replicas, limits.max_replicas)
-            fleet = RequestFleet(profile, trace, int(plan[0]), loop.cold_start_s, tick_s, router)
+            fleet = fleet_of(int(plan[0]))
             timeline = run(fleet, Oracle(plan, headroom), loop, trace.duration_s,
                            progress=_bind(progress, f"oracle x{headroom:g}"))
             tried[headroom] = score("oracle", fleet, timeline, required, trace.duration_s,
@@ -230,8 +233,7 @@ def _bind(progress, name):
     return lambda t: progress(name, t)
 
 
-def _static_search(trace, profile, loop, limits, required, tick_s, target, progress, warmup_s,
-                   router: str = "least-outstanding") -> PolicyRun:
+def _static_search(fleet_of, trace, loop, limits, required, target, progress, warmup_s) -> PolicyRun:
     """The smallest fixed fleet that reaches `target` (bisection): what a causal policy costs if it
     cannot follow the load at all and simply provisions for it."""
     n_plan = len(required)
@@ -240,7 +242,7 @@ def _static_search(trace, profile, loop, limits, required, tick_s, target, progr
     while lo <= hi:
         n = (lo + hi) // 2
         plan = np.full(n_plan, n, dtype=np.int64)
-        fleet = RequestFleet(profile, trace, n, loop.cold_start_s, tick_s, router)
+        fleet = fleet_of(n)
         timeline = run(fleet, Oracle(plan, 1.0), loop, trace.duration_s, progress=_bind(progress, f"static {n}"))
         scored = score("static", fleet, timeline, required, trace.duration_s, note=f"{n} replicas", warmup_s=warmup_s)
         if scored.result.attainment >= target:

@@ -124,7 +124,7 @@ def test_an_ample_fleet_serves_exactly_the_requests_a_replica_of_their_own_would
     # Prompts up to 60k tokens at the h100-70b profile's 20k tok/s: some cannot meet the 2 s TTFT
     # even alone. A fleet of 40 replicas at 0.3 req/s is idle whenever a request arrives, so each
     # request is good exactly when servable_alone says so, and that share is below 1.
-    from forecaster.simulate.fleet import RequestFleet
+    from forecaster.simulate.fleet import RequestFleet, servable_alone
     from forecaster.simulate.profiles import load_profile
     from forecaster.simulate.traces import RequestTrace
 
@@ -138,7 +138,7 @@ def test_an_ample_fleet_serves_exactly_the_requests_a_replica_of_their_own_would
     while not fleet.idle or k * 0.1 <= arrival[-1]:
         fleet.step(round(k * 0.1, 9))
         k += 1
-    alone = fleet.servable_alone()
+    alone = servable_alone(profile, trace, 0.1)
     assert 0.5 < alone.mean() < 0.95
     assert np.array_equal(fleet.good, alone)
 
@@ -178,3 +178,6 @@ def test_the_random_router_splits_at_random_where_least_outstanding_balances():
     assert counts["random"].sum() == 400 and 60 < counts["random"].min() and counts["random"].max() < 140
     with pytest.raises(ValueError, match="router"):
         RequestFleet(profile, trace, 1, 0.0, 0.1, router="round-robin")
+    # The command line offers the fleet's routers, default first.
+    from forecaster.simulate import cli, fleet as fleet_module
+    assert cli.ROUTERS == fleet_module.ROUTERS
