@@ -88,8 +88,6 @@ def parse_phases(text: str) -> tuple[PhaseSpec, ...]:
 def spread_ties(trace: list[PlannedRequest]) -> list[PlannedRequest]:
     """Requests sharing one timestamp spread evenly up to the next timestamp (tracefiles.spread_ties:
     a trace logged at 3 s would otherwise replay as clumps that arrived together)."""
-    if len({r.arrival for r in trace}) < 2:
-        return list(trace)
     ordered = sorted(trace, key=lambda r: r.arrival)
     times = tracefiles.spread_ties([r.arrival for r in ordered])
     return [replace(r, arrival=t) for r, t in zip(ordered, times)]
