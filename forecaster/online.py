@@ -34,7 +34,9 @@ Intervals: split-conformal on a rolling window. For each step h, the h-step erro
 forecast (the average in force at each origin, or the chosen member) at the last `window` origins
 whose targets are known; the bounds are their finite-sample
 conformal quantiles (the ceil((n+1)(1-tail))-th order statistic), so a 90 % interval covers
-90 % of what the recent past would have been, at that horizon, for that model.
+90 % of what the recent past would have been, at that horizon, for that model. The tail each
+bound is drawn at is the one thing with state: `step_bounds` takes it per step and side from
+forecaster/coverage.py, which moves it by what the bounds already served missed.
 """
 
 from __future__ import annotations
@@ -52,12 +54,13 @@ TRACKING_LIMIT = 0.9
 
 def conformal_quantile(residuals: np.ndarray, q: float) -> float:
     """The finite-sample split-conformal q-quantile: the ceil((n+1)q)-th smallest residual
-    (capped at the largest: with n < 1/(1-q) - 1 points the exact bound would be infinite)."""
+    (capped at the largest: with n < 1/(1-q) - 1 points the exact bound would be infinite; a
+    q <= 0 is the smallest)."""
     r = np.sort(residuals[np.isfinite(residuals)])
     n = len(r)
     if n == 0:
         return float("nan")
-    k = min(n, max(1, math.ceil((n + 1) * q)))
+    k = min(n, max(1, math.ceil((n + 1) * min(q, 1.0))))
     return float(r[k - 1])
 
 
@@ -170,7 +173,8 @@ def recent_window(h: int) -> int:
 
 
 def step_bounds(bc: Backcast, member, steps: int, window: int, warm: int, interval: float,
-                mean: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+                mean: np.ndarray, tails: tuple[np.ndarray, np.ndarray] | None = None
+                ) -> tuple[np.ndarray, np.ndarray, int]:
     """Conformal lower/upper per step 1..steps around `mean`, and the fewest errors used.
     `member`: one member's index, or a (members, n) weight matrix (`combination_weights`).
 
@@ -187,7 +191,8 @@ def step_bounds(bc: Backcast, member, steps: int, window: int, warm: int, interv
         pred = bc.predict(h, member) if np.ndim(member) == 0 else (member * bc.predict(h)).sum(axis=0)
         e = bc.y[t + h] - pred[t]
         # Lower tail: the (1-tail)-quantile of the negated errors (the same finite-sample rule).
-        lo[h - 1], hi[h - 1] = -conformal_quantile(-e, 1.0 - tail), conformal_quantile(e, 1.0 - tail)
+        t_lo, t_hi = (tail, tail) if tails is None else (tails[0][h - 1], tails[1][h - 1])
+        lo[h - 1], hi[h - 1] = -conformal_quantile(-e, 1.0 - t_lo), conformal_quantile(e, 1.0 - t_hi)
         used = min(used, len(t))
     known = int(np.sum(np.isfinite(hi)))
     if known < steps:
@@ -225,3 +230,4 @@ def window_actuals(y: np.ndarray, start: int, end: int) -> tuple[np.ndarray, np.
     mean = s.rolling(width).mean().to_numpy()[end:]     # row j: window ending at index j + end
     peak = s.rolling(width).max().to_numpy()[end:]
     return mean, peak
+

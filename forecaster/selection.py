@@ -12,8 +12,9 @@
   origins, against the pool's forecast on the same origins, by the switching rule of
   forecaster/online.py (a fitted model replaces the pool only for a `margin` better score, and
   is dropped for it once it scores worse). The pool's intervals are split-conformal on its own
-  recent errors per step (the errors of the averages it served); `forecast_window` gives the
-  mean rate over a window of steps and a calibrated quantile of its peak. A fitted model that raises, overruns or
+  recent errors per step, each drawn at the tail level adaptive conformal inference has moved it
+  to by what the bounds served missed (forecaster/coverage.py); `forecast_window` gives the
+  mean rate over a window of steps and calibrated quantiles of it and of its peak, likewise. A fitted model that raises, overruns or
   returns NaN falls back to the last good fit (shifted by the steps since), then to naive.
 """
 
@@ -27,12 +28,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from forecaster.coverage import GAMMA, AdaptiveTails
 from forecaster.models import Fitted, Forecast, HistoryMean, Model, Naive
 from forecaster.online import (MIN_ORIGINS, choose, combination_weights, conformal_quantile, origins_for,
                                pinball_loss, step_bounds, window_actuals, window_predictions)
 from forecaster.pool import IS_TREND, NAMES, REFERENCE, Backcast, backcast, index_of
 
 WARM = 3  # the pool's filters start on the first point; their first forecasts are not scored
+MAX_WINDOWS = 32  # forecast windows whose adaptive levels are kept (least recently asked for goes)
 POOL = "pool"  # the selector's state while the pool's average forecasts (not a fitted candidate)
 
 
@@ -102,7 +105,7 @@ class ModelSelector:
                  reselect_every: int = 20, num_origins: int = 12, min_points: int = 20,
                  stale_steps: int | None = None, margin: float = 0.1, background: bool = False,
                  pool: bool = True, window: int | None = None, interval: float = 0.9,
-                 max_points: int = 5760):
+                 max_points: int = 5760, gamma: float = GAMMA):
         if steps < 1:
             raise ValueError(f"forecast steps must be >= 1, got {steps}")
         if not candidates and not pool:
@@ -128,6 +131,11 @@ class ModelSelector:
         # Calibration looks twice as far back: a quantile needs more points than a mean, and the
         # errors of the member just chosen (for being lucky lately) would narrow the interval.
         self.calibration_window = 2 * self.window
+        # The pool's tail levels, steps 1..steps lower then upper, moved by what the bounds it
+        # served missed (forecaster/coverage.py); and one pair (mean, peak) per forecast window.
+        self.gamma = gamma
+        self.tails = AdaptiveTails(2 * steps, (1.0 - interval) / 2.0, gamma)
+        self._window_tails: dict[tuple[int, int, float], AdaptiveTails] = {}
         # A last good fit is usable while it has forecasts left for the whole horizon.
         self.stale_steps = stale_steps if stale_steps is not None else 2 * steps
         # The pool forecasts unless a fitted candidate has won; until MIN_ORIGINS origins can be
@@ -217,7 +225,7 @@ class ModelSelector:
             weights = self._weights(bc)
         self.status.chosen = self.chosen
         if self.chosen == POOL and bc is not None:
-            fc = self._pool_forecast(bc, weights)
+            fc = self._pool_forecast(bc, weights, end)
             self.status.chosen = fc.model_name
             self.status.source = "pool"
             self.status.last_fit_seconds = time.perf_counter() - started
@@ -238,7 +246,7 @@ class ModelSelector:
         self.status.source = "fit"
         return fc
 
-    def _pool_forecast(self, bc: Backcast, weights: np.ndarray) -> Forecast:
+    def _pool_forecast(self, bc: Backcast, weights: np.ndarray, end: int) -> Forecast:
         now = weights[:, -1]
         used = np.flatnonzero(now)
         members = tuple(NAMES[i] for i in used)
@@ -251,8 +259,14 @@ class ModelSelector:
         # at a few arrivals a step, the errors of the few origins since they were would put the
         # bound at the largest of a handful.
         fixed = np.repeat(now[:, None], bc.n, axis=1)
-        lower, upper, _ = step_bounds(bc, fixed, self.steps, self.calibration_window, WARM, self.interval, mean)
-        return Forecast(mean, np.maximum(lower, 0.0), upper, "+".join(members))
+        k = self.steps
+        self.tails.observe(end, bc.y)
+        lower, upper, _ = step_bounds(bc, fixed, k, self.calibration_window, WARM, self.interval, mean,
+                                      (self.tails.tails[:k], self.tails.tails[k:]))
+        lower = np.maximum(lower, 0.0)
+        self.tails.record(end, [(end + h, end + h, h - 1, float(lower[h - 1]), -1, "value") for h in range(1, k + 1)]
+                          + [(end + h, end + h, k + h - 1, float(upper[h - 1]), +1, "value") for h in range(1, k + 1)])
+        return Forecast(mean, lower, upper, "+".join(members))
 
     def forecast_window(self, y: np.ndarray, end_index: int | None = None, start_step: int = 1,
                         end_step: int | None = None, quantile: float = 0.9) -> WindowForecast:
@@ -260,8 +274,9 @@ class ModelSelector:
         point) and calibrated `quantile`s of that mean and of the window's peak (max over its
         steps of the per-step rate). The pool member is chosen for this window by the same rule
         (scored on the window mean's absolute error); the quantiles are split-conformal on its
-        residuals (actual minus forecast) at the last `window` origins whose windows have ended.
-        `end_index` is accepted for symmetry with `forecast` (the history carries the state)."""
+        residuals (actual minus forecast) at the last `window` origins whose windows have ended,
+        each at the level its own misses have moved it to (forecaster/coverage.py); `end_index`
+        numbers the last point as in `forecast`."""
         y = np.asarray(y, dtype=float)
         end_step = self.steps if end_step is None else end_step
         if len(y) == 0:
@@ -271,7 +286,15 @@ class ModelSelector:
         if not 0.0 < quantile < 1.0:
             raise ValueError(f"quantile must be in (0, 1), got {quantile}")
         bc = backcast(y[-self.max_points:])
+        end = len(y) if end_index is None else end_index
         key = (start_step, end_step)
+        tails = self._window_tails.pop((start_step, end_step, quantile), None) or \
+            AdaptiveTails(2, 1.0 - quantile, self.gamma)
+        self._window_tails[(start_step, end_step, quantile)] = tails   # most recent last
+        while len(self._window_tails) > MAX_WINDOWS:   # a caller whose windows keep changing
+            self._window_tails.pop(next(iter(self._window_tails)))
+        tails.observe(end, bc.y)
+        q_mean, q_peak = 1.0 - tails.tails
         mean_pred, peak_pred = window_predictions(bc, start_step, end_step)
         mean_act, peak_act = window_actuals(bc.y, start_step, end_step)
         t = origins_for(bc.n, end_step, self.window, WARM)
@@ -293,8 +316,10 @@ class ModelSelector:
         i, j = index_of(mean_name), index_of(peak_name)
         mean, peak = float(mean_pred[i, -1]), float(peak_pred[j, -1])
         if len(t) >= MIN_ORIGINS:
-            mean_up = mean + max(0.0, conformal_quantile(mean_act[t_cal] - mean_pred[i, t_cal], quantile))
-            peak_up = peak + max(0.0, conformal_quantile(peak_act[t_cal] - peak_pred[j, t_cal], quantile))
+            mean_up = mean + max(0.0, conformal_quantile(mean_act[t_cal] - mean_pred[i, t_cal], q_mean))
+            peak_up = peak + max(0.0, conformal_quantile(peak_act[t_cal] - peak_pred[j, t_cal], q_peak))
+            tails.record(end, [(end + start_step, end + end_step, 0, mean_up, +1, "mean"),
+                               (end + start_step, end + end_step, 1, peak_up, +1, "max")])
             return WindowForecast(start_step, end_step, quantile, mean, mean_up, peak, peak_up,
                                   f"{mean_name}/{peak_name}", len(t_cal))
         # Warming up (no window has ended often enough to calibrate on): the highest recent
