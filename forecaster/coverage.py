@@ -71,6 +71,8 @@ class AdaptiveTails:
                 continue   # older than the history kept
             span = values[first - offset:last - offset + 1]
             actual = float(span[0] if reduce == "value" else np.mean(span) if reduce == "mean" else np.max(span))
+            if not np.isfinite(actual):
+                continue   # nothing observed to check it against
             missed = actual > bound if side > 0 else actual < bound
             self.tails[kind] += self.gamma * (self.target - float(missed))
             self.checked += 1

@@ -75,3 +75,10 @@ def test_window_levels_are_kept_for_a_bounded_number_of_windows():
     for end in range(100, 100 + MAX_WINDOWS + 10):
         sel.forecast_window(y[:end], end, 1, 1 + end % (MAX_WINDOWS + 5))
     assert len(sel._window_tails) == MAX_WINDOWS
+
+
+def test_a_target_not_observed_is_not_counted():
+    t = AdaptiveTails(1, target=0.05, gamma=0.02)
+    t.record(0, [(1, 1, 0, 1.0, +1, "value")])
+    t.observe(1, np.array([0.0, np.nan]))
+    assert t.checked == 0 and t.tails[0] == 0.05
