@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from goodput_cli.demo_plan import CALIBRATION_CLASS, DEFAULT_PHASES, calibrate, parse_phases, plan_phases, spread_ties
+from goodput_cli.demo_plan import CALIBRATION_CLASS, DEFAULT_PHASES, calibrate, parse_phases, plan_phases
 from goodput_cli.errors import UsageError
 
 TINY_PHASES = "under:0.5:8,burst:3:5,recovery:0.4:8"
@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         reqs = traces.read_trace(args.trace)
     except traces.TraceError as exc:
         raise UsageError(str(exc)) from None
-    fitted, fit = traces.fit_to_model(spread_ties(reqs), max_model_len=2048, max_input=args.max_input,
+    fitted, fit = traces.fit_to_model(traces.spread_ties(reqs), max_model_len=2048, max_input=args.max_input,
                                       max_output=args.max_output)
     phase_classes = [f"phase-{s.name}" for s in specs]
     slo_dict = {"ttft": args.slo_ttft, "tpot": args.slo_tpot, "objective": args.objective}

@@ -28,7 +28,6 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-import tracefiles
 from sidecar.loadgen.workload import PlannedRequest
 
 CALIBRATION_CLASS = "calibrate"
@@ -83,14 +82,6 @@ def parse_phases(text: str) -> tuple[PhaseSpec, ...]:
     if len({p.name for p in out}) != len(out):
         raise ValueError("phase names must differ")
     return tuple(out)
-
-
-def spread_ties(trace: list[PlannedRequest]) -> list[PlannedRequest]:
-    """Requests sharing one timestamp spread evenly up to the next timestamp (tracefiles.spread_ties:
-    a trace logged at 3 s would otherwise replay as clumps that arrived together)."""
-    ordered = sorted(trace, key=lambda r: r.arrival)
-    times = tracefiles.spread_ties([r.arrival for r in ordered])
-    return [replace(r, arrival=t) for r, t in zip(ordered, times)]
 
 
 def plan_phases(trace: list[PlannedRequest], capacity: float, specs: tuple[PhaseSpec, ...],

@@ -68,7 +68,7 @@ def chunked(model: str, port: int, rate: float, n: int) -> dict:
 
 
 def prefix(model: str, port: int, count: int, speedup: float) -> dict:
-    args = ["--trace", str(MOONCAKE), "--limit", str(count), "--speedup", str(speedup), "--length-scale", "0.03125",
+    args = ["--trace", str(MOONCAKE), "--trace-ties", "as-logged", "--limit", str(count), "--speedup", str(speedup), "--length-scale", "0.03125",
             "--max-input", "128", "--max-output", "4", "--slo-ttft", "3", "--slo-tpot", "0.5", *tokenizer(model)]
     return side_by_side(model, port, {"prefix caching on": [], "prefix caching off": ["--no-prefix-caching"]},
                         "prefix", args)

@@ -36,6 +36,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", help="sent as a Bearer token")
     p.add_argument("--cv", type=float, default=1.0, help="burstiness: CV of inter-arrival gaps (1 = Poisson)")
     p.add_argument("--trace", type=Path, help="replay a trace: Azure CSV, Mooncake JSONL or BurstGPT CSV")
+    p.add_argument("--trace-ties", choices=("spread", "as-logged"), default="spread",
+                   help="requests sharing one timestamp (Mooncake logs at 3 s): spread evenly to the next "
+                        "timestamp (default, as the demo and the simulator replay them) or sent together as logged")
     p.add_argument("--trace-start", type=float, default=0.0, help="trace window start, seconds")
     p.add_argument("--trace-duration", type=float, help="trace window length, seconds")
     p.add_argument("--speedup", type=float, default=1.0, help="replay the trace this many times faster")
@@ -94,6 +97,8 @@ def build_workload(args, rate: float | None = None, count: int | None = None, du
             reqs = traces.read_trace(args.trace)
         except traces.TraceError as exc:
             raise UsageError(str(exc)) from None
+        if args.trace_ties == "spread":
+            reqs = traces.spread_ties(reqs)
         reqs = traces.window(reqs, args.trace_start, args.trace_duration, args.speedup, args.limit)
         if not reqs:
             raise UsageError("the trace window holds no requests; widen --trace-start/--trace-duration")

@@ -1,5 +1,5 @@
 """Real request traces as a load run's `PlannedRequest`s, and the transforms a replay needs
-(window, speed-up, fit).
+(ties spread, window, speed-up, fit).
 
 The files are read by `tracefiles` (one reader per format, shared with the backtests and the
 simulator): Azure LLM inference CSV, Mooncake JSONL (with its 512-token prefix `hash_ids`) and
@@ -26,6 +26,14 @@ def read_trace(path: str | Path, fmt: str | None = None) -> list[PlannedRequest]
         raise TraceError(f"{path}: no such trace file")
     return [PlannedRequest(r.arrival_s, r.input_tokens, r.output_tokens, r.hash_ids)
             for r in tracefiles.read_requests(path, fmt)]
+
+
+def spread_ties(requests: list[PlannedRequest]) -> list[PlannedRequest]:
+    """Requests sharing one timestamp spread evenly up to the next timestamp (tracefiles.spread_ties:
+    a trace logged at 3 s would otherwise replay as clumps that arrived together)."""
+    ordered = sorted(requests, key=lambda r: r.arrival)
+    times = tracefiles.spread_ties([r.arrival for r in ordered])
+    return [replace(r, arrival=t) for r, t in zip(ordered, times)]
 
 
 @dataclass(frozen=True)

@@ -113,13 +113,3 @@ def test_rolling_attainment_and_markdown():
                           "note": "no phase above capacity"})
     assert "**under**" in md and "not measured: no phase above capacity" in md
     assert not any(isinstance(v, float) and math.isnan(v) for v in figs[0].to_json().values())
-
-
-def test_tied_timestamps_spread_to_the_next_one():
-    from goodput_cli.demo_plan import spread_ties
-
-    trace = [PlannedRequest(0.0, 1, 1), PlannedRequest(0.0, 2, 1), PlannedRequest(3.0, 3, 1),
-             PlannedRequest(3.0, 4, 1), PlannedRequest(3.0, 5, 1), PlannedRequest(6.0, 6, 1)]
-    out = spread_ties(trace)
-    assert [r.arrival for r in out] == pytest.approx([0.0, 1.5, 3.0, 4.0, 5.0, 6.0])
-    assert [r.input_tokens for r in out] == [1, 2, 3, 4, 5, 6]

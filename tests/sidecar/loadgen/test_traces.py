@@ -92,3 +92,35 @@ def test_long_prompt_mix():
     # Binomial(2000, 0.1): mean 200, sd 13.4; four sd either side.
     assert 146 < longs < 254
     assert all(r.input_tokens in (64, 1024) and r.output_tokens == 32 for r in reqs)
+
+
+def test_tied_timestamps_spread_to_the_next_one():
+    from sidecar.loadgen.traces import spread_ties
+    from sidecar.loadgen.workload import PlannedRequest
+
+    trace = [PlannedRequest(0.0, 1, 1), PlannedRequest(0.0, 2, 1), PlannedRequest(3.0, 3, 1),
+             PlannedRequest(3.0, 4, 1), PlannedRequest(3.0, 5, 1), PlannedRequest(6.0, 6, 1)]
+    out = spread_ties(trace)
+    assert [r.arrival for r in out] == pytest.approx([0.0, 1.5, 3.0, 4.0, 5.0, 6.0])
+    assert [r.input_tokens for r in out] == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.parametrize("ties, arrivals", [("spread", [0.0, 1.5, 3.0, 4.0, 5.0, 6.0]),
+                                            ("as-logged", [0.0, 0.0, 3.0, 3.0, 3.0, 6.0])])
+def test_load_replays_tied_timestamps_spread_unless_asked_as_logged(tmp_path, ties, arrivals):
+    # Mooncake logs at 3 s: `goodput load --trace` spreads a timestamp's requests to the next
+    # one by default, as the demo and the simulator replay them; --trace-ties as-logged sends
+    # them together.
+    import argparse
+
+    from sidecar.loadgen.cli import _common, build_workload
+
+    path = tmp_path / "tied.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": ms, "input_length": 100 + i, "output_length": 4,
+                                        "hash_ids": [i]}) + "\n"
+                            for i, ms in enumerate([0, 0, 3000, 3000, 3000, 6000])))
+    p = argparse.ArgumentParser()
+    _common(p)
+    reqs, _, _ = build_workload(p.parse_args(["--trace", str(path), "--trace-ties", ties]))
+    assert [r.arrival for r in reqs] == pytest.approx(arrivals)
+    assert [r.input_tokens for r in reqs] == [100, 101, 102, 103, 104, 105]
