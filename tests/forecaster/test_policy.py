@@ -305,3 +305,24 @@ def test_the_burst_floor_spends_the_error_budget_on_the_excess():
     # Noise of a tenth around the level costs one replica above the mean, not the burst's.
     assert shortfall_replicas(np.array([9.0, 11.0] * 50), 1.0, 0.01) == 11
     assert shortfall_replicas(np.zeros(10), 1.0, 0.01) == 0
+
+
+def test_with_a_prior_model_the_fleet_is_held_until_the_token_mix_is_known():
+    # The demo's start: a prior service model and the SLO are known, requests arrive, none has
+    # ended, so the mix the model needs is not known and the capacity would be the 1 req/s
+    # placeholder (2 replicas for 1.2 req/s, 2 s into a half-load phase). Held instead, and only
+    # for a horizon of steps.
+    from forecaster.service_model import ServiceModel, Slo
+
+    prior = ServiceModel(prefill_tokens_per_s=500.0, decode_base_s=0.04, decode_per_seq_s=0.01,
+                         kv_capacity_tokens=1e6, max_batch=64, step_token_budget=512)
+    config = PolicyConfig(models=("naive",), prior_model=prior, step_seconds=2.0, horizon_seconds=10.0,
+                          slos=(Slo(ttft_s=3.0, tpot_s=0.5, ratio=0.9, name="default"),))
+    policy = ForecastPolicy(config)
+    held = []
+    for k in range(8):
+        policy.observe(sample(2.0 * k, 2.4 * k, ready=1, in_flight=min(k, 3)))
+        held.append(policy.decide(2.0 * k).reasons == ("hold",))
+    assert policy.capacity_source == "prior"
+    assert held[:config.horizon_steps + 1] == [True] * (config.horizon_steps + 1) and not any(held[config.horizon_steps + 2:]), held
+    policy.close()
