@@ -173,7 +173,7 @@ def timing_benchmark(y: np.ndarray, steps: int, models: list[str], repeats: int 
             if sel is not None:
                 # The server's path per step: score the pool, forecast, and the decision window,
                 # one step later each time (so the bounds served earlier are checked, as live).
-                end = len(y) - repeats + 1 + r
+                end = max(1, len(y) - repeats + 1 + r)
                 t0 = time.perf_counter()
                 sel.forecast(y[:end], end)
                 sel.forecast_window(y[:end], end, 1, steps)

@@ -230,4 +230,3 @@ def window_actuals(y: np.ndarray, start: int, end: int) -> tuple[np.ndarray, np.
     mean = s.rolling(width).mean().to_numpy()[end:]     # row j: window ending at index j + end
     peak = s.rolling(width).max().to_numpy()[end:]
     return mean, peak
-

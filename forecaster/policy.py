@@ -312,10 +312,11 @@ class ForecastPolicy:
         # the token mix the model needs is not known, and the capacity would be the 1 req/s
         # placeholder: in the demo that asked for 2 replicas 2 s into a half-load phase. Hold,
         # for at most a horizon of steps (a fleet whose requests never end still gets planned).
-        waiting_for_mix = (cfg.capacity_rps is None and cfg.prior_model is not None and bool(self.slos)
-                           and self.capacity_source == "prior" and self.service.mix() is None
-                           and len(self.history.rates["arrivals"].values()) <= cfg.horizon_steps)
-        if last is None or len(self.history.rates["arrivals"].values()) == 0 or waiting_for_mix:
+        # (Source "prior" with the SLO known and a seeded model: only the mix is missing.)
+        steps_seen = len(self.history.rates["arrivals"].values())
+        waiting_for_mix = (cfg.prior_model is not None and bool(self.slos) and self.capacity_source == "prior"
+                           and steps_seen <= cfg.horizon_steps)
+        if last is None or steps_seen == 0 or waiting_for_mix:
             # Nothing to go on yet: keep what is there (publishing the minimum would have the HPA
             # take the fleet down to it the moment a forecaster starts or restarts).
             held = cfg.min_replicas if last is None else \
