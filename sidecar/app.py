@@ -34,7 +34,7 @@ from sidecar.relay import (BadRequestBody, BodyTooLarge, error_response, open_up
                            send_body, upstream_headers)
 from sidecar.slo import judge
 from sidecar.timing import StreamTimer
-from sidecar.tracing import RequestSpan
+from sidecar.tracing import NoSpan, RequestSpan, records_spans
 from sidecar.upstream import UpstreamFailed, UpstreamPool
 
 log = logging.getLogger("goodput.sidecar")
@@ -66,6 +66,7 @@ class Sidecar:
         self.advisor = Advisor(config.advice_window or 1, prefill_rate=self.engine.prefill_seconds_per_token)
         registry.register(self.advisor)
         self.tracer = tracer_provider.get_tracer("goodput.sidecar")
+        self._spans = records_spans(tracer_provider)    # False: NoSpan, trace context passed through as sent
         parts = urlsplit(config.upstream)
         self._server_address, self._server_port = parts.hostname or "", parts.port
         self.otel = None if meter_provider is None else GenAiMetrics(
@@ -209,8 +210,9 @@ class Sidecar:
         """Proxy one chat/completions request and account it exactly once, however it ends."""
         start = _clock()
         capture = self.config.capture_content
-        span = RequestSpan(self.tracer, "chat" if kind == "chat" else "text_completion", request.headers, start,
-                           self._server_address, self._server_port, self.config.genai_provider)
+        operation = "chat" if kind == "chat" else "text_completion"
+        span = RequestSpan(self.tracer, operation, request.headers, start, self._server_address, self._server_port,
+                           self.config.genai_provider) if self._spans else NoSpan(operation)
         label = ModelLabels.OTHER
         slo = self.config.slo.classify(None, request.path, request.headers)
         timer = StreamTimer(start, kind)

@@ -82,13 +82,16 @@ class SidecarThread:
         self.thread.start()
         self.started: list[LiveSidecar] = []
 
-    def start(self, upstream: str, meter_provider=None, **overrides) -> LiveSidecar:
+    def start(self, upstream: str, meter_provider=None, tracer_provider=None, **overrides) -> LiveSidecar:
+        """`tracer_provider`: by default one recording every span into `LiveSidecar.spans`."""
         overrides.setdefault("engine_metrics_interval", 0)
         config = ProxyConfig(upstream=upstream, port=0, **overrides)
         registry = CollectorRegistry()
         exporter = InMemorySpanExporter()
-        provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        provider = tracer_provider
+        if provider is None:
+            provider = TracerProvider()
+            provider.add_span_processor(SimpleSpanProcessor(exporter))
         app = make_app(config, registry, provider, meter_provider)
         running = asyncio.run_coroutine_threadsafe(RunningSidecar(app).start(), self.loop).result(10)
         live = LiveSidecar(f"http://127.0.0.1:{running.port}", app, registry, exporter, self.loop, running)

@@ -147,6 +147,32 @@ def test_header_rule_picks_the_class(sidecars, upstream):
     assert live.value("goodput_requests_total", model="scripted", slo_class="b", outcome="good") == 1
 
 
+def test_without_span_recording_the_clients_trace_context_passes_unchanged(sidecars, upstream):
+    """Sampler off (what the sidecar runs with when no OTLP endpoint is set): no span is made, and
+    the client's traceparent reaches the upstream as sent, sampled flag included; a request
+    without one gets none. With a span that was never sampled the flag used to be cleared."""
+    import time
+
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    from tests.sidecar.conftest import upstream_stats
+    live = sidecars.start(upstream, models=("scripted",), tracer_provider=TracerProvider(sampler=ALWAYS_OFF))
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    body = {"model": "scripted", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": True}
+    httpx.post(live.url + "/v1/chat/completions", json=body, headers={"traceparent": parent, "tracestate": "k=v"},
+               timeout=10)
+    seen = upstream_stats(upstream)["last_headers"]
+    assert seen["traceparent"] == parent and seen["tracestate"] == "k=v"
+    httpx.post(live.url + "/v1/chat/completions", json=body, timeout=10)
+    assert "traceparent" not in upstream_stats(upstream)["last_headers"]
+    deadline = time.monotonic() + 5    # measured as ever: the request is counted once it has ended
+    while live.value("goodput_requests_total", model="scripted", slo_class="interactive", outcome="good") < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert live.spans.get_finished_spans() == ()
+
+
 def test_unknown_models_become_other(sidecar):
     httpx.post(sidecar.url + "/v1/completions", json={"model": "made-up", "prompt": "x", "max_tokens": 2}, timeout=10)
     sidecar.finished_spans(1)
