@@ -10,6 +10,7 @@ accounting (psutil, children included) tells what each costs, and each is pinned
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -68,6 +69,7 @@ class Proc:
     def __init__(self, name: str, argv: list[str], ready_url: str, cores: tuple[int, ...] = (),
                  env: dict | None = None, timeout: float = 30.0):
         self.name = name
+        self._start = (argv, ready_url, cores, env, timeout)
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      env={**os.environ, **(env or {})})
         self.ps = psutil.Process(self.proc.pid)
@@ -104,6 +106,11 @@ class Proc:
         except psutil.Error:
             return []
 
+    def restart(self) -> None:
+        """Stop and start again, on the same port: whatever the process still held is dropped."""
+        self.stop()
+        self.__init__(self.name, *self._start)
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -124,6 +131,24 @@ class Stack:
     urls: dict[str, str]
     procs: dict[str, Proc | None]
     missing: dict[str, str]          # arm -> why it is not measured
+
+    def settle(self, arm: str, saturated: bool, timeout: float = 120.0) -> None:
+        """Before the next run: an arm that fell behind still holds a backlog it keeps sending
+        to the shared upstream (LiteLLM's saturated proxy did for minutes, so every run after it,
+        direct included, timed out connecting), so it is restarted; then wait until the upstream
+        has no request in flight."""
+        proc = self.procs.get(arm)
+        if saturated and proc is not None:
+            proc.restart()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.urls["direct"] + "/stats", timeout=2) as resp:
+                    if json.loads(resp.read()).get("active", 0) <= 0:
+                        return
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.2)
 
     def stop(self) -> None:
         for proc in [*self.procs.values(), self.upstream]:

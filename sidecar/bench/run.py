@@ -8,6 +8,9 @@ same arrival schedule as the direct path in the same repeat, so added TTFT is ta
 interleaved, in a rotated order per repeat, each repeat with its own schedule. CPU per request
 and per token comes from the kernel for each process (psutil), with the arm pinned to its own
 core where the machine has two or more, and the 1-minute load average is kept with every run.
+After a run an arm could not keep up with, the arm is restarted, and every run waits for the
+shared upstream to have nothing in flight: a saturated proxy keeps forwarding its backlog long
+after its client gave up (LiteLLM's did for minutes, and every run after it timed out connecting).
 
 Scenarios (`SCENARIOS`): paced streams (a token every 20 ms, as a GPU decoding a batch) at 16
 and 64 concurrent streams; one-token requests for the CPU cost per request; the sparse pattern
@@ -130,7 +133,9 @@ def run_benchmark(scenarios: tuple[str, ...], arms: tuple[str, ...], duration: f
                         for arm in order:
                             progress.update(task, description=f"{sc.name} repeat {repeat + 1}/{repeats}: {arm}")
                             # Long streams need a longer window to spend most of it at full concurrency.
-                            runs.append(_measure(stack, sc, arm, repeat, max(duration, 2 * sc.stream_seconds), plan))
+                            run = _measure(stack, sc, arm, repeat, max(duration, 2 * sc.stream_seconds), plan)
+                            runs.append(run)
+                            stack.settle(arm, saturated=bool(run.unfinished or run.errors))
                             progress.advance(task)
                     progress.advance(task, (len(arms) - len(present)) * repeats)
             finally:
