@@ -42,8 +42,8 @@ class DemandWindow:
     forecast until `min_scores` windows are in). Forecasts made from fewer points than the
     window holds are not scored: they say how a cold start forecasts, not how this one does.
 
-    `poisson_spread` is the least spread a bound of such a mean can have: arrivals of
-    independent users vary at least as a Poisson count does.
+    `poisson_spread` is how far a Poisson count's mean over a window strays from its rate at
+    the bound's level: arrivals of independent users vary at least as much (`demand_spread`).
     """
 
     NAMES = ("forecast", "recent")
@@ -96,6 +96,28 @@ class DemandWindow:
         return min(self.NAMES, key=self.mean_error)
 
 
+def demand_spread(half_widths: np.ndarray, poisson_floor: float, poisson_priced: float, priced: bool) -> float:
+    """How far above the demand's mean over a window its upper bound lies.
+
+    From the per-step bounds' half-widths over the window (`upper - mean`, independent: summed in
+    quadrature). Those bounds are calibrated on the arrivals counted per step, so they hold two
+    things: how far the rate itself may lie from the forecast, and the Poisson noise of a count
+    about its rate, whose share of the window's spread is `poisson_priced`
+    (`DemandWindow.poisson_spread` at the window's rate).
+    - `priced` (the capacity is the service model's): the model's TTFT and TPOT quantiles are
+      those of Poisson arrivals at the rate (of clumps, where the sidecars measure them), so the
+      count's noise is paid for there, and a bound that adds it again plans for it twice. The
+      spread is the rate's alone: the Poisson part taken out in quadrature.
+    - Otherwise (a throughput capacity prices no queueing) it bounds the window's arrivals, and is
+      never under a Poisson count's spread, `poisson_floor`.
+    """
+    widths = np.asarray(half_widths, dtype=float)
+    quad = float(np.sqrt(np.sum(widths * widths))) / max(1, len(widths))
+    if priced:
+        return math.sqrt(max(0.0, quad * quad - poisson_priced * poisson_priced))
+    return max(quad, poisson_floor)
+
+
 def rate_lower_bound(rates: np.ndarray, step_s: float, confidence: float) -> float:
     """A Poisson rate from its last few per-step rates: the exact one-sided lower confidence
     bound of the mean of a Poisson count n (Garwood: the (1 − confidence) quantile of Gamma(n)),
@@ -109,4 +131,4 @@ def rate_lower_bound(rates: np.ndarray, step_s: float, confidence: float) -> flo
     return float(gammaincinv(n, 1.0 - confidence)) / span
 
 
-__all__ = ["DemandWindow", "cumulative_upper", "rate_lower_bound"]
+__all__ = ["DemandWindow", "cumulative_upper", "demand_spread", "rate_lower_bound"]

@@ -26,7 +26,7 @@ import numpy as np
 
 from forecaster.bursts import burst_floor
 from forecaster.capacity import OnlineCapacity
-from forecaster.demand import DemandWindow, cumulative_upper, rate_lower_bound
+from forecaster.demand import DemandWindow, cumulative_upper, demand_spread, rate_lower_bound
 from forecaster.fleet_sample import FleetSample, delta, step_observation
 from forecaster.models import Model, make_model
 from forecaster.selection import ModelSelector
@@ -354,8 +354,10 @@ class ForecastPolicy:
             shift = recent_mean - forecast_mean
             mean_ext, upper_ext = np.maximum(0.0, mean_ext + shift), np.maximum(0.0, upper_ext + shift)
         window_mean = float(np.mean(mean_ext[-w:]))
-        spread = max(float(np.sqrt(np.sum((upper_ext[-w:] - mean_ext[-w:]) ** 2)) / w),
-                     window.poisson_spread(max(window_mean, recent_mean), w * cfg.step_seconds))
+        spread = demand_spread(upper_ext[-w:] - mean_ext[-w:],
+                               window.poisson_spread(max(window_mean, recent_mean), w * cfg.step_seconds),
+                               window.poisson_spread(min(window_mean, recent_mean), w * cfg.step_seconds),
+                               priced=self.capacity_source == "service-model")
         current = self._ready_profile(ready, starting, 0, H)
         q_mean = self.fluid_queue(q0, mean_ext[:H], current)[-1]
         q_upper = self.fluid_queue(q0, cumulative_upper(mean_ext[:H], upper_ext[:H]), current)[-1]

@@ -8,7 +8,7 @@ import pytest
 
 from forecaster.bursts import burst_floor, poisson_quantile, shortfall_replicas
 from forecaster.capacity import OnlineCapacity, load_sweep_capacity
-from forecaster.demand import DemandWindow, cumulative_upper, rate_lower_bound
+from forecaster.demand import DemandWindow, cumulative_upper, demand_spread, rate_lower_bound
 from forecaster.policy import Decision, FleetSample, ForecastPolicy, PolicyConfig
 
 
@@ -112,6 +112,25 @@ def test_todays_rate_bound_holds_at_a_few_requests_as_at_many():
         assert np.mean(bounds <= rate) >= 0.95 - 0.006, rate
     # ...and a real doubling past capacity shows: 2x a 1.875 req/s replica, over two steps.
     assert rate_lower_bound(np.array([3.75, 3.75]), 5.0, 0.95) > 1.875
+
+
+def test_the_demand_bound_leaves_the_poisson_noise_to_the_service_model():
+    # Per-step bounds calibrated on counts of a Poisson rate known exactly (at 95 %)
+    # hold nothing but the count's noise; with the service model's capacity, which prices Poisson
+    # arrivals itself, the window's rate needs no spread. What the bounds hold beyond that noise
+    # is the rate's own uncertainty, and stays. A throughput capacity prices no queueing: there
+    # the bound is on the window's arrivals, never under a Poisson count's.
+    from scipy.special import ndtri
+    z, rate, step, w = float(ndtri(0.95)), 2.0, 15.0, 4
+    window = DemandWindow(level=0.95)
+    poisson = window.poisson_spread(rate, w * step)
+    noise_only = np.full(w, z * math.sqrt(rate / step))
+    assert demand_spread(noise_only, poisson, poisson, priced=True) == pytest.approx(0.0, abs=1e-6)
+    assert demand_spread(noise_only, poisson, poisson, priced=False) == pytest.approx(poisson)
+    rate_sd = 0.5      # the rate itself uncertain by this much a step, independently
+    both = np.full(w, z * math.sqrt(rate / step + rate_sd ** 2))
+    assert demand_spread(both, poisson, poisson, priced=True) == pytest.approx(z * rate_sd / math.sqrt(w))
+    assert demand_spread(np.zeros(w), poisson, poisson, priced=False) == pytest.approx(poisson)
 
 
 def test_demand_window_trusts_the_estimate_that_forecast_its_windows_better():
