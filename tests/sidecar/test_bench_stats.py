@@ -82,3 +82,45 @@ def test_litellm_that_cannot_install_is_missing_with_the_reason(tmp_path, monkey
     else:
         raise AssertionError("expected Unavailable")
     assert not (tmp_path / "litellm-venv" / ".goodput-installed").exists()   # retried on the next run
+
+
+def test_settle_restarts_an_arm_that_fell_behind_and_waits_for_the_upstream_to_empty():
+    # A saturated proxy keeps sending its backlog to the shared upstream after its client gave up;
+    # the next run must not start until the arm is restarted and the upstream has nothing in flight.
+    import json
+    import sys
+    import threading
+    import time
+    import urllib.request
+
+    from sidecar.bench.arms import Proc, Stack, free_port
+
+    def scripted(port):
+        return Proc(f"scripted {port}", [sys.executable, "-m", "sidecar.bench.scripted_upstream", "--port", str(port)],
+                    f"http://127.0.0.1:{port}/health")
+
+    up_port, arm_port = free_port(), free_port()
+    upstream, arm = scripted(up_port), scripted(arm_port)
+    url = f"http://127.0.0.1:{up_port}"
+    stack = Stack(upstream, {"direct": url, "arm": f"http://127.0.0.1:{arm_port}"}, {"direct": None, "arm": arm}, {})
+    try:
+        body = json.dumps({"model": "scripted", "stream": True, "max_tokens": 8,
+                           "script": {"ttft": 0.3, "itl": 0.1}}).encode()   # about 1 s in flight
+        request = urllib.request.Request(url + "/v1/chat/completions", body, {"Content-Type": "application/json"})
+        done = []
+        worker = threading.Thread(target=lambda: done.append(urllib.request.urlopen(request, timeout=10).read()))
+        worker.start()
+        time.sleep(0.2)
+        pid = arm.proc.pid
+        stack.settle("arm", saturated=True)
+        # Restarted on the same port, and the upstream's request had ended before settle returned.
+        assert arm.proc.pid != pid and arm.proc.poll() is None
+        urllib.request.urlopen(f"http://127.0.0.1:{arm_port}/health", timeout=2).close()
+        with urllib.request.urlopen(url + "/stats", timeout=2) as resp:
+            assert json.loads(resp.read())["active"] == 0
+        worker.join(5)
+        assert done and b"[DONE]" in done[0]
+        stack.settle("arm", saturated=False)
+        assert arm.proc.poll() is None
+    finally:
+        stack.stop()
