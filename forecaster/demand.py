@@ -96,26 +96,26 @@ class DemandWindow:
         return min(self.NAMES, key=self.mean_error)
 
 
-def demand_spread(half_widths: np.ndarray, poisson_floor: float, poisson_priced: float, priced: bool) -> float:
+def demand_spread(half_widths: np.ndarray, poisson: float, priced: bool) -> float:
     """How far above the demand's mean over a window its upper bound lies.
 
     From the per-step bounds' half-widths over the window (`upper - mean`, independent: summed in
     quadrature). Those bounds are calibrated on the arrivals counted per step, so they hold two
     things: how far the rate itself may lie from the forecast, and the Poisson noise of a count
-    about its rate, whose share of the window's spread is `poisson_priced`
+    about its rate, whose share of the window's spread is `poisson`
     (`DemandWindow.poisson_spread` at the window's rate).
     - `priced` (the capacity is the service model's): the model's TTFT and TPOT quantiles are
       those of Poisson arrivals at the rate (of clumps, where the sidecars measure them), so the
       count's noise is paid for there, and a bound that adds it again plans for it twice. The
       spread is the rate's alone: the Poisson part taken out in quadrature.
     - Otherwise (a throughput capacity prices no queueing) it bounds the window's arrivals, and is
-      never under a Poisson count's spread, `poisson_floor`.
+      never under a Poisson count's spread, `poisson`.
     """
     widths = np.asarray(half_widths, dtype=float)
     quad = float(np.sqrt(np.sum(widths * widths))) / max(1, len(widths))
     if priced:
-        return math.sqrt(max(0.0, quad * quad - poisson_priced * poisson_priced))
-    return max(quad, poisson_floor)
+        return math.sqrt(max(0.0, quad * quad - poisson * poisson))
+    return max(quad, poisson)
 
 
 def rate_lower_bound(rates: np.ndarray, step_s: float, confidence: float) -> float:

@@ -308,13 +308,14 @@ class ForecastPolicy:
         cfg = self.config
         last = self.history.last_sample
         mu = self.capacity_rps
+        source = self.capacity_source
         # A prior service model was given and the SLO is known, but no request has ended yet, so
         # the token mix the model needs is not known, and the capacity would be the 1 req/s
         # placeholder: in the demo that asked for 2 replicas 2 s into a half-load phase. Hold,
         # for at most a horizon of steps (a fleet whose requests never end still gets planned).
         # (Source "prior" with the SLO known and a seeded model: only the mix is missing.)
         steps_seen = len(self.history.rates["arrivals"].values())
-        waiting_for_mix = (cfg.prior_model is not None and bool(self.slos) and self.capacity_source == "prior"
+        waiting_for_mix = (cfg.prior_model is not None and bool(self.slos) and source == "prior"
                            and steps_seen <= cfg.horizon_steps)
         if last is None or steps_seen == 0 or waiting_for_mix:
             # Nothing to go on yet: keep what is there (publishing the minimum would have the HPA
@@ -354,10 +355,11 @@ class ForecastPolicy:
             shift = recent_mean - forecast_mean
             mean_ext, upper_ext = np.maximum(0.0, mean_ext + shift), np.maximum(0.0, upper_ext + shift)
         window_mean = float(np.mean(mean_ext[-w:]))
-        spread = demand_spread(upper_ext[-w:] - mean_ext[-w:],
-                               window.poisson_spread(max(window_mean, recent_mean), w * cfg.step_seconds),
-                               window.poisson_spread(min(window_mean, recent_mean), w * cfg.step_seconds),
-                               priced=self.capacity_source == "service-model")
+        # The Poisson part: taken out at the lower of the two rates where the model prices it (the
+        # smaller share), a floor at the higher where nothing does.
+        priced = source == "service-model"
+        poisson = window.poisson_spread((min if priced else max)(window_mean, recent_mean), w * cfg.step_seconds)
+        spread = demand_spread(upper_ext[-w:] - mean_ext[-w:], poisson, priced)
         current = self._ready_profile(ready, starting, 0, H)
         q_mean = self.fluid_queue(q0, mean_ext[:H], current)[-1]
         q_upper = self.fluid_queue(q0, cumulative_upper(mean_ext[:H], upper_ext[:H]), current)[-1]
@@ -389,7 +391,7 @@ class ForecastPolicy:
         self._slo_capacity()   # the latency forecast needs the fitted model, configured capacity or not
         ttft, tpot = self._latency_forecast((float(fc.mean[-1]), float(fc.upper[-1])), max(1, ready + starting))
         return Decision(int(desired), float(q_mean), float(q_upper), float(fc.mean[-1]), float(fc.upper[-1]),
-                        float(mu), fc.model_name, ttft_s=ttft, tpot_s=tpot, capacity_source=self.capacity_source,
+                        float(mu), fc.model_name, ttft_s=ttft, tpot_s=tpot, capacity_source=source,
                         cold_start_s=cfg.cold_start_seconds,
                         service=self.service.params(), reasons=reasons, demand_estimate=window.chosen)
 

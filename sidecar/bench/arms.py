@@ -69,7 +69,12 @@ class Proc:
     def __init__(self, name: str, argv: list[str], ready_url: str, cores: tuple[int, ...] = (),
                  env: dict | None = None, timeout: float = 30.0):
         self.name = name
-        self._start = (argv, ready_url, cores, env, timeout)
+        self._launch = (argv, ready_url, cores, env, timeout)
+        self._start()
+
+    def _start(self) -> None:
+        argv, ready_url, cores, env, timeout = self._launch
+        name = self.name
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      env={**os.environ, **(env or {})})
         self.ps = psutil.Process(self.proc.pid)
@@ -109,7 +114,7 @@ class Proc:
     def restart(self) -> None:
         """Stop and start again, on the same port: whatever the process still held is dropped."""
         self.stop()
-        self.__init__(self.name, *self._start)
+        self._start()
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -149,6 +154,8 @@ class Stack:
             except (OSError, ValueError):
                 pass
             time.sleep(0.2)
+        print(f"goodput bench sidecar: the upstream still had requests in flight {timeout:g} s after a run "
+              f"on {arm}; the next run may be slowed by them", file=sys.stderr, flush=True)
 
     def stop(self) -> None:
         for proc in [*self.procs.values(), self.upstream]:

@@ -125,12 +125,12 @@ def test_the_demand_bound_leaves_the_poisson_noise_to_the_service_model():
     window = DemandWindow(level=0.95)
     poisson = window.poisson_spread(rate, w * step)
     noise_only = np.full(w, z * math.sqrt(rate / step))
-    assert demand_spread(noise_only, poisson, poisson, priced=True) == pytest.approx(0.0, abs=1e-6)
-    assert demand_spread(noise_only, poisson, poisson, priced=False) == pytest.approx(poisson)
+    assert demand_spread(noise_only, poisson, priced=True) == pytest.approx(0.0, abs=1e-6)
+    assert demand_spread(noise_only, poisson, priced=False) == pytest.approx(poisson)
     rate_sd = 0.5      # the rate itself uncertain by this much a step, independently
     both = np.full(w, z * math.sqrt(rate / step + rate_sd ** 2))
-    assert demand_spread(both, poisson, poisson, priced=True) == pytest.approx(z * rate_sd / math.sqrt(w))
-    assert demand_spread(np.zeros(w), poisson, poisson, priced=False) == pytest.approx(poisson)
+    assert demand_spread(both, poisson, priced=True) == pytest.approx(z * rate_sd / math.sqrt(w))
+    assert demand_spread(np.zeros(w), poisson, priced=False) == pytest.approx(poisson)
 
 
 def test_demand_window_trusts_the_estimate_that_forecast_its_windows_better():
