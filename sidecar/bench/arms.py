@@ -117,6 +117,7 @@ class Proc:
         self._start()
 
     def stop(self) -> None:
+        children = self._children()     # workers a server forked go with it
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -124,6 +125,11 @@ class Proc:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        for child in children:
+            try:
+                child.kill()
+            except psutil.Error:
+                pass
         if self.proc.stderr is not None:
             self.proc.stderr.close()
 
@@ -141,21 +147,31 @@ class Stack:
         """Before the next run: an arm that fell behind still holds a backlog it keeps sending
         to the shared upstream (LiteLLM's saturated proxy did for minutes, so every run after it,
         direct included, timed out connecting), so it is restarted; then wait until the upstream
-        has no request in flight."""
+        has no request in flight. An upstream that still has some after `timeout` (seen after
+        LiteLLM was restarted in the sparse scenario: it then stopped answering for minutes, and
+        the next arm's restart timed out on it) is restarted too, on its port. An arm that does
+        not come back raises RuntimeError; the caller measures the others without it."""
         proc = self.procs.get(arm)
         if saturated and proc is not None:
             proc.restart()
+        if self._upstream_empty(timeout):
+            return
+        print(f"goodput bench sidecar: the upstream still had requests in flight {timeout:g} s after a run "
+              f"on {arm}; restarting it", file=sys.stderr, flush=True)
+        self.upstream.restart()
+
+    def _upstream_empty(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while True:
             try:
                 with urllib.request.urlopen(self.urls["direct"] + "/stats", timeout=2) as resp:
                     if json.loads(resp.read()).get("active", 0) <= 0:
-                        return
+                        return True
             except (OSError, ValueError):
                 pass
+            if time.monotonic() >= deadline:
+                return False
             time.sleep(0.2)
-        print(f"goodput bench sidecar: the upstream still had requests in flight {timeout:g} s after a run "
-              f"on {arm}; the next run may be slowed by them", file=sys.stderr, flush=True)
 
     def stop(self) -> None:
         for proc in [*self.procs.values(), self.upstream]:

@@ -131,11 +131,22 @@ def run_benchmark(scenarios: tuple[str, ...], arms: tuple[str, ...], duration: f
                     for repeat in range(repeats):
                         order = present[repeat % len(present):] + present[:repeat % len(present)]
                         for arm in order:
+                            if arm in stack.missing:     # did not come back from a restart
+                                progress.advance(task)
+                                continue
                             progress.update(task, description=f"{sc.name} repeat {repeat + 1}/{repeats}: {arm}")
                             # Long streams need a longer window to spend most of it at full concurrency.
                             run = _measure(stack, sc, arm, repeat, max(duration, 2 * sc.stream_seconds), plan)
                             runs.append(run)
-                            stack.settle(arm, saturated=bool(run.unfinished or run.errors))
+                            try:
+                                stack.settle(arm, saturated=bool(run.unfinished or run.errors))
+                            except RuntimeError as exc:
+                                # One arm (or the upstream) that will not restart ends its own
+                                # measurements, not the benchmark: the rest is still printed.
+                                stack.missing[arm] = f"stopped after {sc.name} repeat {repeat + 1}: {exc}"
+                                missing[arm] = stack.missing[arm]
+                                print(f"goodput bench sidecar: {arm}: {exc}; measuring the other arms without it",
+                                      file=sys.stderr, flush=True)
                             progress.advance(task)
                     progress.advance(task, (len(arms) - len(present)) * repeats)
             finally:

@@ -124,3 +124,55 @@ def test_settle_restarts_an_arm_that_fell_behind_and_waits_for_the_upstream_to_e
         assert arm.proc.poll() is None
     finally:
         stack.stop()
+
+
+def test_settle_restarts_an_upstream_that_does_not_empty_and_a_failed_restart_raises():
+    # An upstream still busy after the wait (after LiteLLM's restart it once stayed so for
+    # minutes, and the next arm's restart then timed out on it) is restarted on its own port.
+    import json
+    import sys
+    import threading
+    import time
+    import urllib.request
+
+    import pytest
+
+    from sidecar.bench.arms import Proc, Stack, free_port
+
+    port = free_port()
+    upstream = Proc("scripted", [sys.executable, "-m", "sidecar.bench.scripted_upstream", "--port", str(port)],
+                    f"http://127.0.0.1:{port}/health")
+    url = f"http://127.0.0.1:{port}"
+    stack = Stack(upstream, {"direct": url}, {"direct": None}, {})
+    try:
+        body = json.dumps({"model": "scripted", "stream": True, "max_tokens": 200,
+                           "script": {"ttft": 0.1, "itl": 0.1}}).encode()   # 20 s in flight
+        request = urllib.request.Request(url + "/v1/chat/completions", body, {"Content-Type": "application/json"})
+        cut = []
+
+        def read():
+            try:
+                urllib.request.urlopen(request, timeout=30).read()
+            except Exception as exc:   # noqa: BLE001 - the restart cuts the stream; which error is http.client's
+                cut.append(exc)
+
+        worker = threading.Thread(target=read, daemon=True)
+        worker.start()
+        for _ in range(100):
+            with urllib.request.urlopen(url + "/stats", timeout=2) as resp:
+                if json.loads(resp.read())["active"] >= 1:
+                    break
+            time.sleep(0.05)
+        pid = upstream.proc.pid
+        stack.settle("direct", saturated=False, timeout=0.5)
+        assert upstream.proc.pid != pid and upstream.proc.poll() is None
+        with urllib.request.urlopen(url + "/stats", timeout=2) as resp:
+            assert json.loads(resp.read())["active"] == 0
+        worker.join(5)
+        assert cut    # the request in flight went with the old process
+        # A process that will not come back says so, for the benchmark to go on without it.
+        upstream._launch = ([sys.executable, "-c", "import time; time.sleep(30)"], url + "/health", (), None, 1.0)
+        with pytest.raises(RuntimeError, match="did not answer"):
+            upstream.restart()
+    finally:
+        stack.stop()
