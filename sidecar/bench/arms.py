@@ -15,6 +15,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -75,14 +76,18 @@ class Proc:
     def _start(self) -> None:
         argv, ready_url, cores, env, timeout = self._launch
         name = self.name
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        # Its stderr goes to a file, never to a pipe nobody drains: the scripted upstream logs a
+        # traceback for every connection a killed LiteLLM left behind, and once 64 KiB of them
+        # filled an unread pipe, its event loop blocked in the write and it answered nothing.
+        self._stderr = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=self._stderr,
                                      env={**os.environ, **(env or {})})
         self.ps = psutil.Process(self.proc.pid)
         pin(self.proc.pid, cores)
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{name} exited: {self.proc.stderr.read().decode(errors='replace')[-2000:]}")
+                raise RuntimeError(f"{name} exited: {self.stderr_tail()}")
             try:
                 urllib.request.urlopen(ready_url, timeout=1).close()
                 break
@@ -130,8 +135,13 @@ class Proc:
                 child.kill()
             except psutil.Error:
                 pass
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
+        self._stderr.close()
+
+    def stderr_tail(self, limit: int = 2000) -> str:
+        self._stderr.flush()
+        self._stderr.seek(0, os.SEEK_END)
+        self._stderr.seek(max(0, self._stderr.tell() - limit))
+        return self._stderr.read().decode(errors="replace")
 
 
 @dataclass
@@ -147,10 +157,11 @@ class Stack:
         """Before the next run: an arm that fell behind still holds a backlog it keeps sending
         to the shared upstream (LiteLLM's saturated proxy did for minutes, so every run after it,
         direct included, timed out connecting), so it is restarted; then wait until the upstream
-        has no request in flight. An upstream that still has some after `timeout` (seen after
-        LiteLLM was restarted in the sparse scenario: it then stopped answering for minutes, and
-        the next arm's restart timed out on it) is restarted too, on its port. An arm that does
-        not come back raises RuntimeError; the caller measures the others without it."""
+        has no request in flight. An upstream that still has some after `timeout` is restarted
+        too, on its port (it once stopped answering for minutes after LiteLLM's restart, blocked
+        writing to a full stderr pipe; stderr now goes to a file, and this stays as the safety
+        net). An arm that does not come back raises RuntimeError; the caller measures the others
+        without it."""
         proc = self.procs.get(arm)
         if saturated and proc is not None:
             proc.restart()

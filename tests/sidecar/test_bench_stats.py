@@ -176,3 +176,27 @@ def test_settle_restarts_an_upstream_that_does_not_empty_and_a_failed_restart_ra
             upstream.restart()
     finally:
         stack.stop()
+
+
+def test_an_arm_that_writes_much_to_stderr_keeps_running():
+    # stderr once went to a pipe nobody read: the scripted upstream's tracebacks filled it and its
+    # event loop blocked in the write. A process that writes 300 KB there must still answer.
+    import sys
+
+    from sidecar.bench.arms import Proc, free_port
+
+    port = free_port()
+    code = ("import sys, http.server\n"
+            "sys.stderr.write('x' * 300000 + 'the end'); sys.stderr.flush()\n"
+            "class H(http.server.BaseHTTPRequestHandler):\n"
+            "    def do_GET(self):\n"
+            "        self.send_response(200); self.end_headers()\n"
+            "    def log_message(self, *a):\n"
+            "        sys.stderr.write('logged ' * 2000)\n"
+            f"http.server.HTTPServer(('127.0.0.1', {port}), H).serve_forever()\n")
+    proc = Proc("chatty", [sys.executable, "-c", code], f"http://127.0.0.1:{port}/health", timeout=10)
+    try:
+        assert proc.proc.poll() is None
+        assert proc.stderr_tail(20).endswith("logged ")
+    finally:
+        proc.stop()
