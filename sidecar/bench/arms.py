@@ -13,14 +13,14 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
 
 import psutil
+
+from goodput_cli.procs import ServerProcess
 
 # sidecar-aiohttp: the sidecar on aiohttp's HTTP server (--http-server aiohttp), to compare the servers.
 ARMS = ("direct", "relay", "sidecar", "sidecar-aiohttp", "litellm")
@@ -65,39 +65,27 @@ def pin(pid: int, cores: tuple[int, ...]) -> None:
 
 
 class Proc:
-    """A child process that answers `ready_url` once started; CPU read from the kernel."""
+    """A child process that answers `ready_url` once started (goodput_cli.procs.ServerProcess: its
+    output in a log file, stopped with its whole process group); CPU read from the kernel.
+
+    Never a pipe for its output: one that nobody drained once blocked the scripted upstream's
+    event loop, when the tracebacks it logged after LiteLLM was killed filled it."""
 
     def __init__(self, name: str, argv: list[str], ready_url: str, cores: tuple[int, ...] = (),
                  env: dict | None = None, timeout: float = 30.0):
-        self.name = name
-        self._launch = (argv, ready_url, cores, env, timeout)
+        self.name, self.argv, self.ready_url = name, argv, ready_url
+        self.cores, self.env, self.timeout = cores, env, timeout
         self._start()
 
     def _start(self) -> None:
-        argv, ready_url, cores, env, timeout = self._launch
-        name = self.name
-        # Its stderr goes to a file, never to a pipe nobody drains: the scripted upstream logs a
-        # traceback for every connection a killed LiteLLM left behind, and once 64 KiB of them
-        # filled an unread pipe, its event loop blocked in the write and it answered nothing.
-        self._stderr = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=self._stderr,
-                                     env={**os.environ, **(env or {})})
+        """Raises RuntimeError (it exited) or TimeoutError (it never answered), the process stopped."""
+        self.server = ServerProcess(self.argv, None, env=self.env, name=self.name)
+        self.proc = self.server.proc
         self.ps = psutil.Process(self.proc.pid)
-        pin(self.proc.pid, cores)
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{name} exited: {self.stderr_tail()}")
-            try:
-                urllib.request.urlopen(ready_url, timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"{name} did not answer {ready_url} within {timeout:g} s")
-                time.sleep(0.1)
-        for child in self.ps.children(recursive=True):   # workers a server forked (LiteLLM may)
-            pin(child.pid, cores)
+        pin(self.proc.pid, self.cores)
+        self.server.wait_ready_url(self.ready_url, self.timeout)
+        for child in self._children():   # workers a server forked (LiteLLM may)
+            pin(child.pid, self.cores)
 
     def cpu(self) -> float:
         """User + system CPU seconds of the process and its live children."""
@@ -122,26 +110,7 @@ class Proc:
         self._start()
 
     def stop(self) -> None:
-        children = self._children()     # workers a server forked go with it
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        for child in children:
-            try:
-                child.kill()
-            except psutil.Error:
-                pass
-        self._stderr.close()
-
-    def stderr_tail(self, limit: int = 2000) -> str:
-        self._stderr.flush()
-        self._stderr.seek(0, os.SEEK_END)
-        self._stderr.seek(max(0, self._stderr.tell() - limit))
-        return self._stderr.read().decode(errors="replace")
+        self.server.stop(grace=10.0)
 
 
 @dataclass
@@ -159,9 +128,8 @@ class Stack:
         direct included, timed out connecting), so it is restarted; then wait until the upstream
         has no request in flight. An upstream that still has some after `timeout` is restarted
         too, on its port (it once stopped answering for minutes after LiteLLM's restart, blocked
-        writing to a full stderr pipe; stderr now goes to a file, and this stays as the safety
-        net). An arm that does not come back raises RuntimeError; the caller measures the others
-        without it."""
+        writing to a full stderr pipe; see Proc). An arm that does not come back raises
+        RuntimeError or TimeoutError; the caller measures the others without it."""
         proc = self.procs.get(arm)
         if saturated and proc is not None:
             proc.restart()

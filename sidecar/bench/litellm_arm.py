@@ -132,6 +132,6 @@ def start(upstream_url: str, cores: tuple[int, ...], api_key: str, progress=prin
             "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"]
     try:
         proc = Proc("litellm proxy", argv, f"http://127.0.0.1:{port}/health/liveliness", cores, env={**_ENV, "LITELLM_MASTER_KEY": api_key}, timeout=180)
-    except RuntimeError as exc:
+    except (RuntimeError, TimeoutError) as exc:
         raise Unavailable(f"litellm's proxy did not start: {str(exc)[-400:]}") from None
     return proc, f"http://127.0.0.1:{port}"

@@ -122,7 +122,6 @@ def run_benchmark(scenarios: tuple[str, ...], arms: tuple[str, ...], duration: f
             progress.update(task, description=f"starting upstream (ttft {ttft}, itl {itl}) and arms")
             stack = start_stack(ttft, itl, plan, arms, str(_FIXTURE) if _FIXTURE.exists() else None,
                                 _API_KEY)
-            missing.update(stack.missing)
             present = tuple(a for a in arms if a in stack.urls)
             try:
                 for arm in present:   # warm-up: imports, pooled connections, first-request costs
@@ -140,17 +139,18 @@ def run_benchmark(scenarios: tuple[str, ...], arms: tuple[str, ...], duration: f
                             runs.append(run)
                             try:
                                 stack.settle(arm, saturated=bool(run.unfinished or run.errors))
-                            except RuntimeError as exc:
+                            except (RuntimeError, TimeoutError) as exc:
                                 # One arm (or the upstream) that will not restart ends its own
                                 # measurements, not the benchmark: the rest is still printed.
-                                stack.missing[arm] = f"stopped after {sc.name} repeat {repeat + 1}: {exc}"
-                                missing[arm] = stack.missing[arm]
-                                print(f"goodput bench sidecar: {arm}: {exc}; measuring the other arms without it",
+                                why = str(exc).splitlines()[0]   # the process's log follows; it stays on disk
+                                stack.missing[arm] = f"stopped after {sc.name} repeat {repeat + 1}: {why}"
+                                print(f"goodput bench sidecar: {arm}: {why}; measuring the other arms without it",
                                       file=sys.stderr, flush=True)
                             progress.advance(task)
                     progress.advance(task, (len(arms) - len(present)) * repeats)
             finally:
                 stack.stop()
+                missing.update(stack.missing)
     settings = {"duration_s": duration, "repeats": repeats, "arms": list(arms),
                 "event_loop": os.environ.get("GOODPUT_EVENT_LOOP", "auto (uvloop when importable)")}
     described = {sc.name: {**asdict(sc), "rate_per_s": None if sc.closed else _rate(sc)} for sc in chosen}
