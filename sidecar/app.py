@@ -246,17 +246,27 @@ class Sidecar:
             if capture:
                 span.capture_input(doc)
             ticket = self.admission.arrive(slo, doc, stream, timer, _clock())
-            self.metrics.arrived_now(label, slo.name)   # before it is held, served or shed
-            arrival_counted = True
-            if ticket.held:
-                await self._hold(ticket)
-            if ticket.shed:
-                return self._shed(ticket)
+            if ticket.held or ticket.shed:
+                self.metrics.arrived_now(label, slo.name)   # before it is held or shed
+                arrival_counted = True
+                if ticket.held:
+                    await self._hold(ticket)
+                if ticket.shed:
+                    return self._shed(ticket)
             headers = upstream_headers(request, measured=True)
             span.inject(headers)
-            self.metrics.started(label)
-            in_flight = True
-            upstream = await self.pool.request("POST", request.raw_path, headers, body)
+
+            def sent() -> None:
+                # Counted as soon as the request has left for the engine, not before: the
+                # bookkeeping runs while the request travels, off its TTFT.
+                nonlocal arrival_counted, in_flight
+                if not arrival_counted:
+                    self.metrics.arrived_now(label, slo.name)
+                    arrival_counted = True
+                self.metrics.started(label)
+                in_flight = True
+
+            upstream = await self.pool.request("POST", request.raw_path, headers, body, sent)
             head = upstream.head
             if head.status == 200 and head.content_type == "text/event-stream":
                 out, error_type = await relay_sse(request, upstream, timer, _clock)

@@ -127,6 +127,9 @@ class SidecarMetrics:
             registry=registry)
         # model -> per window: [its counter, width, the current window's index, arrivals in it]
         self._windows: dict[str, list[list]] = {}
+        # Labelled children looked up once (`.labels()` costs a lock and a dict lookup a call).
+        self._arrived: dict[tuple[str, str], object] = {}
+        self._flight: dict[str, object] = {}
         self.clock = time.monotonic
         self.violations = Counter("goodput_slo_violations", "Objectives missed by requests whose outcome is slo_violated.",
                                   ("model", "slo_class", "objective"), registry=registry)
@@ -192,7 +195,11 @@ class SidecarMetrics:
     def arrived_now(self, model: str, slo_name: str) -> None:
         """Count a judged request's arrival, before it is held, served or refused: demand counts
         when it arrives (the forecaster reads it)."""
-        self.arrived.labels(model, slo_name).inc()
+        key = (model, slo_name)
+        arrived = self._arrived.get(key)
+        if arrived is None:
+            arrived = self._arrived[key] = self.arrived.labels(model, slo_name)
+        arrived.inc()
         # Σ n² grows by (n + 1)² − n² = 2n + 1 as the n+1-th request of a window arrives.
         now = self.clock()
         state = self._windows.get(model)
@@ -207,7 +214,10 @@ class SidecarMetrics:
             window[2], window[3] = index, n + 1
 
     def started(self, model: str) -> None:
-        self.in_flight.labels(model).inc()
+        flight = self._flight.get(model)
+        if flight is None:
+            flight = self._flight[model] = self.in_flight.labels(model)
+        flight.inc()
 
     def admission(self, model: str, slo_name: str, ticket, checked) -> None:
         """Record one request's admission predictions (sidecar/admission.py `Ticket`), why it was

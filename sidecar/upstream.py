@@ -68,8 +68,9 @@ class Connection(asyncio.Protocol):
         self.error: str | None = None
 
     # ---- used by the proxy -----------------------------------------------------------------
-    async def send(self, head: bytes, body: bytes) -> Head:
-        """Send the request; wait for the response's status line and headers."""
+    async def send(self, head: bytes, body: bytes, sent: Callable[[], None] | None = None) -> Head:
+        """Send the request; wait for the response's status line and headers. `sent` is called
+        once the request is written, while it travels."""
         loop = asyncio.get_running_loop()
         self._head_waiter = loop.create_future()
         self._done_waiter = loop.create_future()
@@ -77,6 +78,8 @@ class Connection(asyncio.Protocol):
         self.transport.write(head + body if len(body) < 65536 else head)
         if len(body) >= 65536:
             self.transport.write(body)
+        if sent is not None:
+            sent()
         return await self._head_waiter
 
     def start_body(self, sink: Callable[[bytes], None]) -> asyncio.Future:
@@ -322,8 +325,11 @@ class UpstreamPool:
                                  f"cannot connect to the upstream: {exc.strerror or exc}") from None
         return conn
 
-    async def request(self, method: str, path: str, headers: dict[str, str], body: bytes) -> Connection:
-        """Send a request; returns the connection with `head` set. Release or abort it afterwards."""
+    async def request(self, method: str, path: str, headers: dict[str, str], body: bytes,
+                      sent: Callable[[], None] | None = None) -> Connection:
+        """Send a request; returns the connection with `head` set. Release or abort it afterwards.
+        `sent` is called once, as soon as the request is written (before its answer comes): the
+        caller's bookkeeping runs while the request travels instead of before it leaves."""
         if self._watchdog is None:
             self._watchdog = asyncio.get_running_loop().create_task(self._watch())
         lines = [f"{method} {self.prefix}{path} HTTP/1.1", f"Host: {self.host_header}"]
@@ -346,12 +352,13 @@ class UpstreamPool:
             conn._reset()
             self._active.add(conn)
             try:
-                await conn.send(head, body)
+                await conn.send(head, body, sent)
                 return conn
             except ConnectionError:
                 self._active.discard(conn)
                 # A kept-alive connection the upstream closed while idle: retry once, fresh.
                 if conn.reused and not conn.got_bytes and not conn.timed_out and attempt == 0:
+                    sent = None     # called already: once a request
                     continue
                 raise UpstreamFailed(504 if conn.timed_out else 502,
                                      "upstream_timeout" if conn.timed_out else "upstream_error",

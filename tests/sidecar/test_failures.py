@@ -69,7 +69,15 @@ def test_refused_upstream_is_502_in_openai_shape(sidecars):
     assert set(r.json()["error"]) == {"message", "type", "param", "code"}
     assert r.json()["error"]["type"] == "upstream_unreachable"
     assert outcome(live, "error") == 1
+    assert_counted_once(live)
     assert httpx.get(live.url + "/readyz", timeout=10).status_code == 503
+
+
+def assert_counted_once(live, count=1):
+    """The arrival counts once whether or not the request reached the engine (it is counted after
+    the request is written upstream, or at the end where it never was), and nothing stays in flight."""
+    assert live.value("goodput_requests_arrived_total", model="scripted", slo_class="interactive") == count
+    assert live.value("goodput_requests_in_flight", model="scripted") == 0
 
 
 def test_upstream_timeout_is_504(sidecars, upstream):
@@ -77,6 +85,7 @@ def test_upstream_timeout_is_504(sidecars, upstream):
     r = httpx.post(live.url + CHAT, json=chat_body(hold=1.0), timeout=10)
     assert r.status_code == 504 and r.json()["error"]["type"] == "upstream_timeout"
     assert outcome(live, "error") == 1
+    assert_counted_once(live)
 
 
 def test_stalled_stream_ends_with_timeout_event(sidecars, upstream):
