@@ -59,6 +59,7 @@ class Connection(asyncio.Protocol):
         self._crlf = False
         self._keep_alive = True
         self.got_bytes = False
+        self.written = False      # the request left (and `send`'s callback ran)
         self.head: Head | None = None
         self._head_waiter: asyncio.Future | None = None
         self._done_waiter: asyncio.Future | None = None
@@ -78,6 +79,7 @@ class Connection(asyncio.Protocol):
         self.transport.write(head + body if len(body) < 65536 else head)
         if len(body) >= 65536:
             self.transport.write(body)
+        self.written = True
         if sent is not None:
             sent()
         return await self._head_waiter
@@ -358,7 +360,8 @@ class UpstreamPool:
                 self._active.discard(conn)
                 # A kept-alive connection the upstream closed while idle: retry once, fresh.
                 if conn.reused and not conn.got_bytes and not conn.timed_out and attempt == 0:
-                    sent = None     # called already: once a request
+                    if conn.written:
+                        sent = None     # called already: once a request
                     continue
                 raise UpstreamFailed(504 if conn.timed_out else 502,
                                      "upstream_timeout" if conn.timed_out else "upstream_error",

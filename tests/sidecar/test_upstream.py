@@ -181,16 +181,62 @@ def test_pool_reuses_and_retries_a_connection_closed_while_idle():
                 for w in server.writers:      # the upstream drops its idle keep-alive connections
                     w.close()
                 await asyncio.sleep(0.05)
-            conn = await pool.request("POST", "/v1/completions", {}, b"{}")
+            conn = await pool.request("POST", "/v1/completions", {}, b"{}", sent=lambda i=i: sent.append(i))
             answers.append(await conn.read_body())
             pool.release(conn)
         await pool.close()
         return answers
 
+    sent = []
     answers = asyncio.run(_with_server(server, body))
     assert answers == [b"ok"] * 3
+    assert sent == [0, 1, 2]      # the caller's "it left" callback: once a request, reconnect or not
     # One connection served the first two requests; the third needed a new one after the drop.
     assert server.connections == 2
+
+
+def test_a_kept_alive_connection_dropped_on_the_request_is_retried_and_counted_once():
+    """The upstream closes a kept-alive connection as the next request reaches it, unanswered
+    (an idle timeout racing the request): the pool retries on a new connection, and the caller's
+    callback still runs once for the request."""
+    connections = []
+
+    async def handle(reader, writer):
+        connections.append(writer)
+        served = 0
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(next((ln.split(b":")[1] for ln in head.split(b"\r\n")
+                                   if ln.lower().startswith(b"content-length")), b"0"))
+                await reader.readexactly(length)
+                if served == 1:
+                    writer.close()            # the second request on this connection: dropped
+                    return
+                served += 1
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    async def body():
+        listener = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = listener.sockets[0].getsockname()[1]
+        pool = UpstreamPool(f"http://127.0.0.1:{port}", 2.0, 5.0)
+        answers = []
+        try:
+            for i in range(2):
+                conn = await pool.request("POST", "/v1/completions", {}, b"{}", sent=lambda i=i: sent.append(i))
+                answers.append(await conn.read_body())
+                pool.release(conn)
+        finally:
+            await pool.close()
+            listener.close()
+        return answers
+
+    sent = []
+    assert asyncio.run(body()) == [b"ok", b"ok"]
+    assert len(connections) == 2      # the second request went out twice: dropped, then retried
+    assert sent == [0, 1]
 
 
 def test_no_answer_within_the_read_timeout_is_504():
