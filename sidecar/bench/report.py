@@ -116,9 +116,19 @@ def summarise(runs: list[Run], scenarios: dict, settings: dict, missing: dict[st
     }
 
 
-def _check(value, target: float, op: str) -> dict:
-    met = None if value is None else (value < target if op == "<" else value <= target if op == "<=" else value >= target)
-    return {"value": value, "target": f"{op} {target:g}", "met": met}
+def _check(value, target: float, op: str, ci=None) -> dict:
+    """`met` judges the point estimate. With its 95 % interval `ci`, `settled` says whether the
+    whole interval lies on that side of the target (False: it reaches across, so another run may
+    read the other way)."""
+    def holds(x):
+        return x < target if op == "<" else x <= target if op == "<=" else x >= target
+
+    met = None if value is None else holds(value)
+    out = {"value": value, "target": f"{op} {target:g}", "met": met}
+    if met is not None and ci:
+        out["ci"] = list(ci)
+        out["settled"] = holds(ci[0]) == holds(ci[1]) == met
+    return out
 
 
 def targets(results: dict) -> dict:
@@ -127,8 +137,10 @@ def targets(results: dict) -> dict:
         side = results.get(name, {}).get("sidecar")
         if side is None:
             continue
-        out[f"{name}: sidecar added TTFT p50 ms"] = _check(side.get("added_ttft_p50_ms"), TARGET_ADDED_TTFT_P50_MS, "<")
-        out[f"{name}: sidecar added TTFT p99 ms"] = _check(side.get("added_ttft_p99_ms"), TARGET_ADDED_TTFT_P99_MS, "<")
+        out[f"{name}: sidecar added TTFT p50 ms"] = _check(side.get("added_ttft_p50_ms"), TARGET_ADDED_TTFT_P50_MS, "<",
+                                                           side.get("added_ttft_p50_ci_ms"))
+        out[f"{name}: sidecar added TTFT p99 ms"] = _check(side.get("added_ttft_p99_ms"), TARGET_ADDED_TTFT_P99_MS, "<",
+                                                           side.get("added_ttft_p99_ci_ms"))
         lite = results[name].get("litellm")
         if lite is not None:
             out[f"{name}: LiteLLM added TTFT p50 / sidecar's"] = _check(
@@ -198,5 +210,13 @@ def print_table(doc: dict) -> None:
     console.print("(times in ms: TTFT from the scheduled send; added = through the arm minus direct, per request "
                   "of the same schedule; SAT = requests unfinished or failing: past the arm's knee)")
     for name, check in doc["targets"].items():
-        mark = "met" if check["met"] else ("NOT met" if check["met"] is False else "n/a")
-        console.print(f"  {name}: {_f(check['value'], '{:.3f}')} (target {check['target']}) {mark}")
+        console.print(f"  {name}: {_f(check['value'], '{:.3f}')} (target {check['target']}) {verdict(check)}")
+
+
+def verdict(check: dict) -> str:
+    """"met" / "NOT met" / "n/a", and where the 95 % interval reaches across the target, that it does."""
+    mark = "met" if check["met"] else ("NOT met" if check["met"] is False else "n/a")
+    if check.get("settled") is False:
+        lo, hi = check["ci"]
+        mark += f" (its 95 % interval [{lo:.3f}, {hi:.3f}] reaches across the target: not settled by this run)"
+    return mark

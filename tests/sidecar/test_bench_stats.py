@@ -60,7 +60,23 @@ def test_summary_added_ttft_is_per_request_and_cpu_ratio_is_against_the_relay():
     # 9 ms over 600 tokens = 15 µs/token, against the relay's 10: 1.5x.
     assert abs(side["cpu_us_per_token"] - 15.0) < 1e-9 and abs(side["cpu_per_token_vs_relay"] - 1.5) < 1e-9
     assert doc["targets"]["paced16: sidecar added TTFT p50 ms"]["met"] is True
+    # Every request 0.2 ms slower: the interval is [0.2, 0.2], wholly under 0.3 ms.
+    assert doc["targets"]["paced16: sidecar added TTFT p50 ms"]["settled"] is True
     assert doc["targets"]["paced16: sidecar CPU per token / relay's"]["met"] is False
+
+
+def test_a_target_whose_interval_reaches_across_it_is_not_settled():
+    from sidecar.bench.report import _check, verdict
+
+    # The fourth run of 2026-12-05: paced16 0.286 [0.23, 0.35] against < 0.3.
+    straddles = _check(0.286, 0.3, "<", (0.23, 0.35))
+    assert straddles["met"] is True and straddles["settled"] is False
+    assert verdict(straddles).startswith("met (its 95 % interval [0.230, 0.350] reaches across")
+    missed = _check(0.324, 0.3, "<", (0.29, 0.36))
+    assert missed["met"] is False and missed["settled"] is False
+    clear = _check(1.96, 1.0, "<", (1.82, 2.29))
+    assert clear["met"] is False and clear["settled"] is True and verdict(clear) == "NOT met"
+    assert "settled" not in _check(0.5, 1.0, "<")          # no interval: the point verdict only
 
 
 def test_litellm_that_cannot_install_is_missing_with_the_reason(tmp_path, monkeypatch):
