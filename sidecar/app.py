@@ -263,7 +263,7 @@ class Sidecar:
                 if not arrival_counted:
                     self.metrics.arrived_now(label, slo.name)
                     arrival_counted = True
-                self.metrics.started(label)
+                self.metrics.started(label, slo.name)
                 in_flight = True
 
             upstream = await self.pool.request("POST", request.raw_path, headers, body, sent)

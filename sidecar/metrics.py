@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
+from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import HistogramMetricFamily
@@ -18,6 +19,19 @@ from sidecar.admission import SHED_REASONS
 from sidecar.config import SloConfig
 from sidecar.slo import OBJECTIVES, OUTCOMES, SloClass, Verdict
 from sidecar.timing import RequestTiming
+
+
+class _Series(NamedTuple):
+    """One (model, class)'s labelled series (SidecarMetrics._children)."""
+
+    requests: dict        # outcome -> counter
+    ttft: object
+    tpot: object
+    e2e: object
+    input_tokens: object
+    output_tokens: object
+    flight: object        # goodput_requests_in_flight{model}
+    arrived: object       # goodput_requests_arrived_total{model, slo_class}
 
 # TTFT spans 10 ms (a warm short prompt) to a minute (a long prompt behind a queue).
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0,
@@ -127,9 +141,6 @@ class SidecarMetrics:
             registry=registry)
         # model -> per window: [its counter, width, the current window's index, arrivals in it]
         self._windows: dict[str, list[list]] = {}
-        # Labelled children looked up once (`.labels()` costs a lock and a dict lookup a call).
-        self._arrived: dict[tuple[str, str], object] = {}
-        self._flight: dict[str, object] = {}
         self.clock = time.monotonic
         self.violations = Counter("goodput_slo_violations", "Objectives missed by requests whose outcome is slo_violated.",
                                   ("model", "slo_class", "objective"), registry=registry)
@@ -195,11 +206,7 @@ class SidecarMetrics:
     def arrived_now(self, model: str, slo_name: str) -> None:
         """Count a judged request's arrival, before it is held, served or refused: demand counts
         when it arrives (the forecaster reads it)."""
-        key = (model, slo_name)
-        arrived = self._arrived.get(key)
-        if arrived is None:
-            arrived = self._arrived[key] = self.arrived.labels(model, slo_name)
-        arrived.inc()
+        self._children(model, slo_name).arrived.inc()
         # Σ n² grows by (n + 1)² − n² = 2n + 1 as the n+1-th request of a window arrives.
         now = self.clock()
         state = self._windows.get(model)
@@ -213,11 +220,8 @@ class SidecarMetrics:
             child.inc(2 * n + 1)
             window[2], window[3] = index, n + 1
 
-    def started(self, model: str) -> None:
-        flight = self._flight.get(model)
-        if flight is None:
-            flight = self._flight[model] = self.in_flight.labels(model)
-        flight.inc()
+    def started(self, model: str, slo_name: str) -> None:
+        self._children(model, slo_name).flight.inc()
 
     def admission(self, model: str, slo_name: str, ticket, checked) -> None:
         """Record one request's admission predictions (sidecar/admission.py `Ticket`), why it was
@@ -235,7 +239,7 @@ class SidecarMetrics:
         if checked.tpot_error is not None:
             self.admission_tpot_error.labels(model, slo_name).observe(checked.tpot_error)
 
-    def _children(self, model: str, slo_name: str) -> tuple:
+    def _children(self, model: str, slo_name: str) -> "_Series":
         """The labelled series of one (model, class), looked up once: `.labels()` costs a lock
         and a dict lookup per call, paid per request otherwise."""
         key = (model, slo_name)
@@ -243,11 +247,11 @@ class SidecarMetrics:
         if found is None:
             if slo_name in self._hold_classes:
                 self.admission_held.labels(model, slo_name)
-            found = self._cache[key] = (
+            found = self._cache[key] = _Series(
                 {o: self.requests.labels(model, slo_name, o) for o in OUTCOMES},
                 self.ttft.labels(model, slo_name), self.tpot.labels(model, slo_name), self.e2e.labels(model, slo_name),
                 self.input_tokens.labels(model, slo_name), self.output_tokens.labels(model, slo_name),
-                self.in_flight.labels(model))
+                self.in_flight.labels(model), self.arrived.labels(model, slo_name))
         return found
 
     def finished(self, model: str, slo: SloClass, timing: RequestTiming, verdict: Verdict,
@@ -255,7 +259,7 @@ class SidecarMetrics:
         """Record one ended request (called exactly once, from the proxy's finally). `in_flight`
         is False for a request refused before it was counted as started (e.g. 413 or a shed one);
         `arrival_counted` False for one refused before its arrival was counted (`arrived_now`)."""
-        requests, ttft, tpot, e2e, input_tokens, output_tokens, flight = self._children(model, slo.name)
+        requests, ttft, tpot, e2e, input_tokens, output_tokens, flight, _ = self._children(model, slo.name)
         if in_flight:
             flight.dec()
         if not arrival_counted:

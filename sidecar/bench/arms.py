@@ -80,12 +80,16 @@ class Proc:
     def _start(self) -> None:
         """Raises RuntimeError (it exited) or TimeoutError (it never answered), the process stopped."""
         self.server = ServerProcess(self.argv, None, env=self.env, name=self.name)
-        self.proc = self.server.proc
         self.ps = psutil.Process(self.proc.pid)
         pin(self.proc.pid, self.cores)
         self.server.wait_ready_url(self.ready_url, self.timeout)
         for child in self._children():   # workers a server forked (LiteLLM may)
             pin(child.pid, self.cores)
+
+    @property
+    def proc(self):
+        """The running process (subprocess.Popen); a new one after each restart."""
+        return self.server.proc
 
     def cpu(self) -> float:
         """User + system CPU seconds of the process and its live children."""

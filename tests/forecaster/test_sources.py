@@ -253,7 +253,7 @@ def test_shed_requests_are_demand_in_what_the_real_sidecar_exposes():
                             error=None, usage_seen=False, model=None)
     for _ in range(5):
         metrics.arrived_now("m", slo.name)
-        metrics.started("m")
+        metrics.started("m", slo.name)
         metrics.finished("m", slo, served, Verdict("good"))
     for _ in range(3):
         metrics.arrived_now("m", slo.name)

@@ -140,23 +140,31 @@ def test_cut_stream_reports_upstream_disconnected():
 class _Server:
     """A tiny keep-alive HTTP server that counts connections and can drop idle ones."""
 
-    def __init__(self, hold: float = 0.0):
+    def __init__(self, hold: float = 0.0, drop_second: bool = False):
         self.connections = 0
         self.writers: list[asyncio.StreamWriter] = []
         self.hold = hold
+        # Close a connection as its second request arrives, unanswered (an idle timeout racing
+        # the request on a kept-alive connection).
+        self.drop_second = drop_second
 
     async def handle(self, reader, writer):
         self.connections += 1
         self.writers.append(writer)
+        served = 0
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 length = int(next((ln.split(b":")[1] for ln in head.split(b"\r\n")
                                    if ln.lower().startswith(b"content-length")), b"0"))
                 await reader.readexactly(length)
+                if self.drop_second and served == 1:
+                    writer.close()
+                    return
                 if self.hold:
                     await asyncio.sleep(self.hold)
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                served += 1
         except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
 
@@ -196,46 +204,23 @@ def test_pool_reuses_and_retries_a_connection_closed_while_idle():
 
 
 def test_a_kept_alive_connection_dropped_on_the_request_is_retried_and_counted_once():
-    """The upstream closes a kept-alive connection as the next request reaches it, unanswered
-    (an idle timeout racing the request): the pool retries on a new connection, and the caller's
-    callback still runs once for the request."""
-    connections = []
+    """The upstream closes a kept-alive connection as the next request reaches it, unanswered:
+    the pool retries on a new connection, and the caller's callback still runs once for the request."""
+    server = _Server(drop_second=True)
 
-    async def handle(reader, writer):
-        connections.append(writer)
-        served = 0
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = int(next((ln.split(b":")[1] for ln in head.split(b"\r\n")
-                                   if ln.lower().startswith(b"content-length")), b"0"))
-                await reader.readexactly(length)
-                if served == 1:
-                    writer.close()            # the second request on this connection: dropped
-                    return
-                served += 1
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-        except (asyncio.IncompleteReadError, ConnectionError):
-            writer.close()
-
-    async def body():
-        listener = await asyncio.start_server(handle, "127.0.0.1", 0)
-        port = listener.sockets[0].getsockname()[1]
+    async def body(port):
         pool = UpstreamPool(f"http://127.0.0.1:{port}", 2.0, 5.0)
         answers = []
-        try:
-            for i in range(2):
-                conn = await pool.request("POST", "/v1/completions", {}, b"{}", sent=lambda i=i: sent.append(i))
-                answers.append(await conn.read_body())
-                pool.release(conn)
-        finally:
-            await pool.close()
-            listener.close()
+        for i in range(2):
+            conn = await pool.request("POST", "/v1/completions", {}, b"{}", sent=lambda i=i: sent.append(i))
+            answers.append(await conn.read_body())
+            pool.release(conn)
+        await pool.close()
         return answers
 
     sent = []
-    assert asyncio.run(body()) == [b"ok", b"ok"]
-    assert len(connections) == 2      # the second request went out twice: dropped, then retried
+    assert asyncio.run(_with_server(server, body)) == [b"ok", b"ok"]
+    assert server.connections == 2      # the second request went out twice: dropped, then retried
     assert sent == [0, 1]
 
 
