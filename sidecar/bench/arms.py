@@ -23,7 +23,9 @@ import psutil
 from goodput_cli.procs import ServerProcess
 
 # sidecar-aiohttp: the sidecar on aiohttp's HTTP server (--http-server aiohttp), to compare the servers.
-ARMS = ("direct", "relay", "sidecar", "sidecar-aiohttp", "litellm")
+# sidecar-otlp: the sidecar exporting its spans and GenAI metrics over OTLP/HTTP (to `otlp_sink.py`),
+# to measure what exporting costs.
+ARMS = ("direct", "relay", "sidecar", "sidecar-aiohttp", "sidecar-otlp", "litellm")
 
 
 def free_port() -> int:
@@ -125,6 +127,17 @@ class Stack:
     urls: dict[str, str]
     procs: dict[str, Proc | None]
     missing: dict[str, str]          # arm -> why it is not measured
+    sink: Proc | None = None         # the OTLP receiver of the sidecar-otlp arm
+
+    def sink_stats(self) -> dict | None:
+        """What the OTLP receiver has counted (spans, posts, bytes); None without one."""
+        if self.sink is None:
+            return None
+        try:
+            with urllib.request.urlopen(self.sink.ready_url.replace("/health", "/stats"), timeout=2) as resp:
+                return json.loads(resp.read())
+        except (OSError, ValueError):
+            return None
 
     def settle(self, arm: str, saturated: bool, timeout: float = 120.0) -> None:
         """Before the next run: an arm that fell behind still holds a backlog it keeps sending
@@ -157,7 +170,7 @@ class Stack:
             time.sleep(0.2)
 
     def stop(self) -> None:
-        for proc in [*self.procs.values(), self.upstream]:
+        for proc in [*self.procs.values(), self.sink, self.upstream]:
             if proc is not None:
                 proc.stop()
 
@@ -179,12 +192,19 @@ def start_stack(ttft: float, itl: float, plan: CorePlan, arms: tuple[str, ...], 
                                                        "--upstream-port", str(up_port)],
                                         f"http://127.0.0.1:{port}/health", plan.arm)
             stack.urls["relay"] = f"http://127.0.0.1:{port}"
-        for arm, server in (("sidecar", "fast"), ("sidecar-aiohttp", "aiohttp")):
+        if "sidecar-otlp" in arms:
+            port = free_port()
+            stack.sink = Proc("OTLP sink", [py, "-m", "sidecar.bench.otlp_sink", "--port", str(port)],
+                              f"http://127.0.0.1:{port}/health", plan.load)
+            # The SDK's defaults otherwise: spans batched every 5 s (512 at most a post), metrics every 60 s.
+            otlp = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}"}
+        for arm, server in (("sidecar", "fast"), ("sidecar-aiohttp", "aiohttp"), ("sidecar-otlp", "fast")):
             if arm in arms:
                 port = free_port()
                 stack.procs[arm] = Proc(arm, [py, "-m", "goodput_cli", "sidecar", "run", "--upstream", up_url,
                                               "--port", str(port), "--models", "scripted", "--http-server", server],
-                                        f"http://127.0.0.1:{port}/healthz", plan.arm)
+                                        f"http://127.0.0.1:{port}/healthz", plan.arm,
+                                        env=otlp if arm == "sidecar-otlp" else None)
                 stack.urls[arm] = f"http://127.0.0.1:{port}"
         if "litellm" in arms:
             from sidecar.bench import litellm_arm

@@ -205,6 +205,13 @@ def print_table(doc: dict) -> None:
         for arm, c in arms.items():
             if c.get("errors"):
                 console.print(f"  {arm}: {c['errors']} failed, the first: {c.get('first_error') or 'unknown'}")
+    sink = doc.get("otlp_sink")
+    if sink is not None:
+        served = sum(c.get("requests", 0) or 0 for arms in doc["results"].values() for a, c in arms.items()
+                     if a == "sidecar-otlp")
+        console.print(f"sidecar-otlp exported {sink.get('spans', 0)} spans in {sink.get('trace_posts', 0)} posts and "
+                      f"{sink.get('metric_posts', 0)} metric posts ({sink.get('bytes', 0)} bytes) to the OTLP receiver; "
+                      f"it served {served} measured requests (plus warm-up; the last 5 s of spans may still be queued)")
     for arm, why in doc["missing_arms"].items():
         console.print(f"arm {arm} missing: {why}")
     console.print("(times in ms: TTFT from the scheduled send; added = through the arm minus direct, per request "

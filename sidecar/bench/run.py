@@ -113,6 +113,7 @@ def run_benchmark(scenarios: tuple[str, ...], arms: tuple[str, ...], duration: f
     chosen = [SCENARIOS[n] for n in scenarios]
     runs: list[Run] = []
     missing: dict[str, str] = {}
+    exported: dict[str, int] = {}     # what the sidecar-otlp arm's receiver counted, all stacks
     stacks: dict[tuple[float, float], list[Scenario]] = {}
     for sc in chosen:      # scenarios sharing an upstream share its processes
         stacks.setdefault((sc.ttft, sc.itl), []).append(sc)
@@ -149,12 +150,16 @@ def run_benchmark(scenarios: tuple[str, ...], arms: tuple[str, ...], duration: f
                             progress.advance(task)
                     progress.advance(task, (len(arms) - len(present)) * repeats)
             finally:
+                for key, value in (stack.sink_stats() or {}).items():
+                    exported[key] = exported.get(key, 0) + value
                 stack.stop()
                 missing.update(stack.missing)
     settings = {"duration_s": duration, "repeats": repeats, "arms": list(arms),
                 "event_loop": os.environ.get("GOODPUT_EVENT_LOOP", "auto (uvloop when importable)")}
     described = {sc.name: {**asdict(sc), "rate_per_s": None if sc.closed else _rate(sc)} for sc in chosen}
     doc = summarise(runs, described, settings, missing, plan.describe())
+    if "sidecar-otlp" in arms:
+        doc["otlp_sink"] = exported
     print_table(doc)
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)

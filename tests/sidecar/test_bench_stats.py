@@ -217,3 +217,31 @@ def test_an_arm_that_writes_much_to_stderr_keeps_running():
         assert proc.server.log().endswith("logged ")    # kept, to read when something goes wrong
     finally:
         proc.stop()
+
+
+def test_the_otlp_arm_exports_every_span_to_the_benchmarks_receiver():
+    # The sidecar-otlp arm measures what exporting costs only if its spans really leave: the
+    # receiver counts the spans it parsed, and a stopped sidecar flushes the ones still queued.
+    import json
+    import time
+    import urllib.request
+
+    from sidecar.bench.arms import start_stack
+
+    stack = start_stack(0.01, 0.005, CorePlan(load=(), arm=()), ("direct", "sidecar-otlp"), None, "")
+    try:
+        body = json.dumps({"model": "scripted", "stream": True, "max_tokens": 4}).encode()
+        for _ in range(5):
+            request = urllib.request.Request(stack.urls["sidecar-otlp"] + "/v1/chat/completions", body,
+                                             {"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=10) as resp:
+                assert b"[DONE]" in resp.read()
+        stack.procs["sidecar-otlp"].stop()   # SIGTERM: the sidecar flushes what the SDK still batches
+        deadline = time.monotonic() + 10
+        while stack.sink_stats()["spans"] < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stats = stack.sink_stats()
+        assert stats["spans"] == 5 and stats["trace_posts"] >= 1 and stats["unparsed"] == 0, stats
+    finally:
+        stack.stop()
+    assert stack.sink.proc.poll() is not None    # stopped with the stack
