@@ -5,7 +5,8 @@ costs the sidecar (the SDK's export thread encodes and posts from the sidecar's 
 It answers every POST to /v1/traces and /v1/metrics with 200 and an empty export response, as an
 OpenTelemetry Collector does, and counts what arrived: GET /stats gives the posts, the bytes and
 the spans (each traces body parsed), so a run shows the spans really left. GET /health answers
-once it listens. It runs on the load side's cores, as a collector would run elsewhere.
+once it listens. It runs on the load side's cores, as a collector would run elsewhere. The
+sidecar's OTLP tests use it in-process (`make_server(port, keep=True)`) to read what was sent.
 
     python -m sidecar.bench.otlp_sink --port 4318
 """
@@ -20,10 +21,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 _MAX_BODY = 64 * 1024 * 1024
 
 
-class _Counts:
-    def __init__(self):
+class Received:
+    """What arrived: counts, and with `keep` the bodies themselves (`traces`, `metrics`; tests
+    read them)."""
+
+    def __init__(self, keep: bool = False):
         self.lock = threading.Lock()
         self.trace_posts = self.metric_posts = self.spans = self.bytes = self.bad = 0
+        self.keep = keep
+        self.traces: list[bytes] = []
+        self.metrics: list[bytes] = []
 
     def as_dict(self) -> dict:
         with self.lock:
@@ -42,8 +49,9 @@ def _span_count(body: bytes) -> int | None:
     return sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
 
 
-def make_server(port: int, host: str = "127.0.0.1") -> tuple[ThreadingHTTPServer, _Counts]:
-    counts = _Counts()
+def make_server(port: int, host: str = "127.0.0.1", keep: bool = False) -> tuple[ThreadingHTTPServer, Received]:
+    """The receiver, not yet serving (`serve_forever()`), and what it counts; `keep`: the bodies too."""
+    counts = Received(keep)
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"   # keep-alive, as the exporter's requests session expects
@@ -86,8 +94,10 @@ def make_server(port: int, host: str = "127.0.0.1") -> tuple[ThreadingHTTPServer
                     counts.trace_posts += 1
                     counts.spans += spans or 0
                     counts.bad += spans is None
+                    counts.traces.append(body) if counts.keep else None
                 else:
                     counts.metric_posts += 1
+                    counts.metrics.append(body) if counts.keep else None
             # An empty Export*ServiceResponse: zero bytes of protobuf.
             self._answer(200, b"", "application/x-protobuf")
 

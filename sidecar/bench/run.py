@@ -27,7 +27,6 @@ import resource
 import secrets
 import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -18,42 +17,26 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
+from sidecar.bench.otlp_sink import make_server
 from sidecar.metrics import E2E_BUCKETS, TOKEN_BUCKETS, TTFT_BUCKETS
 from tests.support import free_port
 
 CHAT = "/v1/chat/completions"
 
 
-class _Receiver(BaseHTTPRequestHandler):
-    bodies: list[bytes] = []
-
-    def do_POST(self):
-        data = self.rfile.read(int(self.headers["Content-Length"]))
-        if self.path == "/v1/metrics":
-            type(self).bodies.append(data)
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def receiver():
-    _Receiver.bodies = []
     port = free_port()
-    server = ThreadingHTTPServer(("127.0.0.1", port), _Receiver)
+    server, received = make_server(port, keep=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{port}/v1/metrics"
+    yield f"http://127.0.0.1:{port}/v1/metrics", received
     server.shutdown()
 
 
 @pytest.fixture
 def meters(receiver):
     # An interval far beyond the test: exports happen only at force_flush, so the test decides when.
-    reader = PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=receiver), export_interval_millis=3_600_000)
+    reader = PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=receiver[0]), export_interval_millis=3_600_000)
     provider = MeterProvider(metric_readers=[reader])
     yield provider
     provider.shutdown()
@@ -112,14 +95,14 @@ def _merged(points) -> tuple[int, float, list[int]]:
     return sum(p.count for p in points), sum(p.sum for p in points), counts
 
 
-def test_genai_metrics_equal_the_prometheus_histograms(sidecars, upstream, meters):
+def test_genai_metrics_equal_the_prometheus_histograms(sidecars, upstream, receiver, meters):
     live = sidecars.start(upstream, models=("scripted",), meter_provider=meters)
     _drive(live)
     # Measurements wait in the queue until a collection: nothing was recorded on the request path.
     assert len(live.app.otel._pending) == 5
     meters.force_flush()
     assert len(live.app.otel._pending) == 0
-    got = _exported(_Receiver.bodies)
+    got = _exported(receiver[1].metrics)
     assert "gen_ai.client.operation.duration" not in got          # legacy names only behind the flag
     assert "goodput.otel.flush" not in got                        # the flush hook never has data points
 
@@ -155,12 +138,12 @@ def test_genai_metrics_equal_the_prometheus_histograms(sidecars, upstream, meter
     assert sum(p.as_int for p in got["gen_ai.client.inference.usage.output_tokens"][2]) == 18
 
 
-def test_legacy_names_behind_the_flag(sidecars, upstream, meters):
+def test_legacy_names_behind_the_flag(sidecars, upstream, receiver, meters):
     live = sidecars.start(upstream, models=("scripted",), meter_provider=meters, otel_legacy_metrics=True,
                           genai_provider="vllm")
     _drive(live)
     meters.force_flush()
-    got = _exported(_Receiver.bodies)
+    got = _exported(receiver[1].metrics)
     unit, kind, points = got["gen_ai.client.operation.duration"]
     assert (unit, kind) == ("s", "histogram")
     assert sum(p.count for p in points) == live.value("goodput_e2e_seconds_count", model="scripted",

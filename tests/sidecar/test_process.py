@@ -12,11 +12,11 @@ import subprocess
 import threading
 import time
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
 
+from sidecar.bench.otlp_sink import make_server
 from tests.support import free_port, goodput_command
 
 CHAT = "/v1/chat/completions"
@@ -75,31 +75,11 @@ def test_drain_finishes_in_flight_streams_refuses_new_ones_and_exits_0(start_ser
     assert side.wait(15) == 0
 
 
-class _Receiver(BaseHTTPRequestHandler):
-    bodies: list[bytes] = []
-    metrics: list[bytes] = []
-
-    def do_POST(self):
-        data = self.rfile.read(int(self.headers["Content-Length"]))
-        if self.path == "/v1/traces":
-            type(self).bodies.append(data)
-        elif self.path == "/v1/metrics":
-            type(self).metrics.append(data)
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
 def test_spans_reach_an_otlp_http_receiver_without_secrets(start_server, upstream, port):
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     otlp_port = free_port()
-    _Receiver.bodies, _Receiver.metrics = [], []
-    receiver = ThreadingHTTPServer(("127.0.0.1", otlp_port), _Receiver)
+    receiver, received = make_server(otlp_port, keep=True)
     threading.Thread(target=receiver.serve_forever, daemon=True).start()
     try:
         side = start_server(sidecar_cmd(upstream, port, "--log-level", "debug"), f"http://127.0.0.1:{port}/healthz",
@@ -109,11 +89,11 @@ def test_spans_reach_an_otlp_http_receiver_without_secrets(start_server, upstrea
                    json={"model": "scripted", "messages": [{"role": "user", "content": "SECRET-PROMPT"}],
                          "max_tokens": 3, "stream": True, "script": {"ttft": 0.02, "itl": 0.01}})
         deadline = time.monotonic() + 10
-        while not _Receiver.bodies and time.monotonic() < deadline:
+        while not received.traces and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert _Receiver.bodies, "no OTLP export arrived"
+        assert received.traces, "no OTLP export arrived"
         req = ExportTraceServiceRequest()
-        req.ParseFromString(_Receiver.bodies[0])
+        req.ParseFromString(received.traces[0])
         spans = [s for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans]
         assert [s.name for s in spans] == ["chat scripted"]
         attrs = {a.key: a.value for a in spans[0].attributes}
@@ -122,10 +102,10 @@ def test_spans_reach_an_otlp_http_receiver_without_secrets(start_server, upstrea
         assert 0.02 <= attrs["goodput.ttft_seconds"].double_value < 0.1
         assert spans[0].kind == 2    # SPAN_KIND_SERVER
         # The same endpoint gets the GenAI metrics too (sidecar/otel_metrics.py; values: test_otel_metrics).
-        while not any(b"gen_ai.server.request.duration" in m for m in _Receiver.metrics) and time.monotonic() < deadline:
+        while not any(b"gen_ai.server.request.duration" in m for m in received.metrics) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert any(b"gen_ai.server.time_to_first_token" in m for m in _Receiver.metrics)
-        raw = b"".join(_Receiver.bodies + _Receiver.metrics)
+        assert any(b"gen_ai.server.time_to_first_token" in m for m in received.metrics)
+        raw = b"".join(received.traces + received.metrics)
         side.stop()
         for secret in (b"SECRET-PROMPT", b"sk-otlp-secret"):
             assert secret not in raw
