@@ -752,15 +752,23 @@ def test_clumps_of_about_one_predict_as_poisson_and_the_dispersion_is_read_at_th
 
     prompts, outputs = azure_mix
     mix = TokenMix.from_samples(prompts, outputs)
-    # The clumped queue (M^X/G/1, its own draws) at an index barely over 1 is the Poisson one:
-    # measured when written, TTFT quantiles within 1.3 %, TPOT p50 0.5 %, p99 5.4 %.
+    # The clumped queue (M^X/G/1, its own draws) at an index barely over 1 is the Poisson one.
+    # Each prediction is a Monte Carlo draw: one seed's pair differed by up to 7 % at the TTFT p99
+    # (and passed a 2 % bound on one seed only by chance), so the ratios are averaged over five
+    # seeds. Measured when written: TTFT p50 and p90 within 1.5 %, p99 within 3.4 % (the clumped
+    # tail a little heavier), TPOT p50 within 0.3 %, p99 within 0.8 %.
+    seeds = (11, 12, 13, 14, 15)
     for rate in (1.5, 3.0, 4.5):
-        poisson = H100_70B.predict(rate, mix)
-        near = replace(H100_70B, arrival_dispersion=1.001).predict(rate, mix)
-        for q in (0.5, 0.9, 0.99):
-            assert near.ttft_quantile(q) == pytest.approx(poisson.ttft_quantile(q), rel=0.02), (rate, q)
-        assert near.tpot_quantile(0.5) == pytest.approx(poisson.tpot_quantile(0.5), rel=0.02), rate
-        assert near.tpot_quantile(0.99) == pytest.approx(poisson.tpot_quantile(0.99), rel=0.08), rate
+        pairs = [(H100_70B.predict(rate, mix, seed=s), replace(H100_70B, arrival_dispersion=1.001).predict(rate, mix, seed=s))
+                 for s in seeds]
+
+        def ratio(quantile):
+            return float(np.mean([quantile(near) / quantile(poisson) for poisson, near in pairs]))
+
+        for q, tolerance in ((0.5, 0.02), (0.9, 0.02), (0.99, 0.05)):
+            assert ratio(lambda p: p.ttft_quantile(q)) == pytest.approx(1.0, abs=tolerance), (rate, q)
+        assert ratio(lambda p: p.tpot_quantile(0.5)) == pytest.approx(1.0, abs=0.02), rate
+        assert ratio(lambda p: p.tpot_quantile(0.99)) == pytest.approx(1.0, abs=0.08), rate
     # Interpolated in log(window) between the windows measured, flat past them, never under 1.
     windows = {0.1: 2.0, 1.0: 4.0, 10.0: 8.0}
     assert dispersion_at(math.sqrt(0.1), windows) == pytest.approx(3.0)
