@@ -128,6 +128,7 @@ class Stack:
     procs: dict[str, Proc | None]
     missing: dict[str, str]          # arm -> why it is not measured
     sink: Proc | None = None         # the OTLP receiver of the sidecar-otlp arm
+    exported: dict | None = None     # what it had counted when the arms had stopped (stop())
 
     def sink_stats(self) -> dict | None:
         """What the OTLP receiver has counted (spans, posts, bytes); None without one."""
@@ -170,9 +171,16 @@ class Stack:
             time.sleep(0.2)
 
     def stop(self) -> None:
-        for proc in [*self.procs.values(), self.sink, self.upstream]:
+        """Stop the arms, then the OTLP receiver (its count read first: a stopped sidecar has
+        flushed the spans its SDK still held), then the upstream."""
+        for proc in self.procs.values():
             if proc is not None:
                 proc.stop()
+        if self.sink is not None:
+            self.exported = self.sink_stats()
+            self.sink.stop()
+        if self.upstream is not None:
+            self.upstream.stop()
 
 
 def start_stack(ttft: float, itl: float, plan: CorePlan, arms: tuple[str, ...], metrics_file: str | None,

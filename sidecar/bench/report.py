@@ -211,7 +211,7 @@ def print_table(doc: dict) -> None:
                      if a == "sidecar-otlp")
         console.print(f"sidecar-otlp exported {sink.get('spans', 0)} spans in {sink.get('trace_posts', 0)} posts and "
                       f"{sink.get('metric_posts', 0)} metric posts ({sink.get('bytes', 0)} bytes) to the OTLP receiver; "
-                      f"it served {served} measured requests (plus warm-up; the last 5 s of spans may still be queued)")
+                      f"it served {served} measured requests and a second of warm-up per stack")
     for arm, why in doc["missing_arms"].items():
         console.print(f"arm {arm} missing: {why}")
     console.print("(times in ms: TTFT from the scheduled send; added = through the arm minus direct, per request "

@@ -149,9 +149,9 @@ def run_benchmark(scenarios: tuple[str, ...], arms: tuple[str, ...], duration: f
                             progress.advance(task)
                     progress.advance(task, (len(arms) - len(present)) * repeats)
             finally:
-                for key, value in (stack.sink_stats() or {}).items():
-                    exported[key] = exported.get(key, 0) + value
                 stack.stop()
+                for key, value in (stack.exported or {}).items():
+                    exported[key] = exported.get(key, 0) + value
                 missing.update(stack.missing)
     settings = {"duration_s": duration, "repeats": repeats, "arms": list(arms),
                 "event_loop": os.environ.get("GOODPUT_EVENT_LOOP", "auto (uvloop when importable)")}

@@ -244,4 +244,5 @@ def test_the_otlp_arm_exports_every_span_to_the_benchmarks_receiver():
         assert stats["spans"] == 5 and stats["trace_posts"] >= 1 and stats["unparsed"] == 0, stats
     finally:
         stack.stop()
-    assert stack.sink.proc.poll() is not None    # stopped with the stack
+    assert stack.sink.proc.poll() is not None    # stopped with the stack, its last count kept
+    assert stack.exported["spans"] == 5
