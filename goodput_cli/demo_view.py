@@ -98,6 +98,7 @@ class DemoView:
         if fc:
             snap["desired_replicas"] = promtext.total(fc, "goodput_desired_replicas")
             snap["capacity_rps"] = promtext.total(fc, "goodput_replica_capacity_requests_per_second")
+            snap["forecast_rate_mean"] = _forecast(fc, "goodput_forecast_arrival_rate", "mean")
             snap["forecast_rate_upper"] = _forecast(fc, "goodput_forecast_arrival_rate", "upper")
             snap["forecast_ttft_mean"] = _forecast(fc, "goodput_forecast_ttft_seconds", "mean")
             snap["forecast_ttft_upper"] = _forecast(fc, "goodput_forecast_ttft_seconds", "upper")
