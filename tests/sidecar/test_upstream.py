@@ -178,25 +178,36 @@ async def _with_server(server: _Server, body):
         listener.close()
 
 
-def test_pool_reuses_and_retries_a_connection_closed_while_idle():
-    server = _Server()
+def _requests_in_turn(server: _Server, count: int, before=None) -> tuple[list[bytes], list[int]]:
+    """`count` requests one after another through one pool, `await before(i)` ahead of request i;
+    the answers, and the requests whose "it left" callback ran, in the order it ran."""
+    sent: list[int] = []
 
     async def body(port):
         pool = UpstreamPool(f"http://127.0.0.1:{port}", 2.0, 5.0)
         answers = []
-        for i in range(3):
-            if i == 2:
-                for w in server.writers:      # the upstream drops its idle keep-alive connections
-                    w.close()
-                await asyncio.sleep(0.05)
+        for i in range(count):
+            if before is not None:
+                await before(i)
             conn = await pool.request("POST", "/v1/completions", {}, b"{}", sent=lambda i=i: sent.append(i))
             answers.append(await conn.read_body())
             pool.release(conn)
         await pool.close()
         return answers
 
-    sent = []
-    answers = asyncio.run(_with_server(server, body))
+    return asyncio.run(_with_server(server, body)), sent
+
+
+def test_pool_reuses_and_retries_a_connection_closed_while_idle():
+    server = _Server()
+
+    async def drop_idle(i):
+        if i == 2:
+            for w in server.writers:      # the upstream drops its idle keep-alive connections
+                w.close()
+            await asyncio.sleep(0.05)
+
+    answers, sent = _requests_in_turn(server, 3, drop_idle)
     assert answers == [b"ok"] * 3
     assert sent == [0, 1, 2]      # the caller's "it left" callback: once a request, reconnect or not
     # One connection served the first two requests; the third needed a new one after the drop.
@@ -207,19 +218,8 @@ def test_a_kept_alive_connection_dropped_on_the_request_is_retried_and_counted_o
     """The upstream closes a kept-alive connection as the next request reaches it, unanswered:
     the pool retries on a new connection, and the caller's callback still runs once for the request."""
     server = _Server(drop_second=True)
-
-    async def body(port):
-        pool = UpstreamPool(f"http://127.0.0.1:{port}", 2.0, 5.0)
-        answers = []
-        for i in range(2):
-            conn = await pool.request("POST", "/v1/completions", {}, b"{}", sent=lambda i=i: sent.append(i))
-            answers.append(await conn.read_body())
-            pool.release(conn)
-        await pool.close()
-        return answers
-
-    sent = []
-    assert asyncio.run(_with_server(server, body)) == [b"ok", b"ok"]
+    answers, sent = _requests_in_turn(server, 2)
+    assert answers == [b"ok", b"ok"]
     assert server.connections == 2      # the second request went out twice: dropped, then retried
     assert sent == [0, 1]
 
