@@ -104,7 +104,8 @@ def run_cmd(args: argparse.Namespace) -> int:
         # With an OTLP endpoint the SDK encodes and posts spans and metrics from threads of its own.
         # While one holds the GIL the event loop waits up to the switch interval (5 ms by
         # default) for it: at 64 paced streams that took the added TTFT p99 from 2.4 to 5.0 ms,
-        # and at 0.5 ms to 3.1 (docs/sidecar/benchmark.md). With no other thread it changes nothing.
+        # and at 0.5 ms to 3.1 (docs/sidecar/benchmark.md). It acts only while another thread runs
+        # Python: without export, the one other Python thread is an executor's.
         sys.setswitchinterval(_SWITCH_INTERVAL_S)
         try:
             return await serve(app, announce=lambda line: print(line, flush=True))

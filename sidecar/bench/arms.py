@@ -200,19 +200,20 @@ def start_stack(ttft: float, itl: float, plan: CorePlan, arms: tuple[str, ...], 
                                                        "--upstream-port", str(up_port)],
                                         f"http://127.0.0.1:{port}/health", plan.arm)
             stack.urls["relay"] = f"http://127.0.0.1:{port}"
+        otlp = None
         if "sidecar-otlp" in arms:
             port = free_port()
             stack.sink = Proc("OTLP sink", [py, "-m", "sidecar.bench.otlp_sink", "--port", str(port)],
                               f"http://127.0.0.1:{port}/health", plan.load)
             # The SDK's defaults otherwise: spans batched every 5 s (512 at most a post), metrics every 60 s.
             otlp = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}"}
-        for arm, server in (("sidecar", "fast"), ("sidecar-aiohttp", "aiohttp"), ("sidecar-otlp", "fast")):
+        for arm, server, env in (("sidecar", "fast", None), ("sidecar-aiohttp", "aiohttp", None),
+                                 ("sidecar-otlp", "fast", otlp)):
             if arm in arms:
                 port = free_port()
                 stack.procs[arm] = Proc(arm, [py, "-m", "goodput_cli", "sidecar", "run", "--upstream", up_url,
                                               "--port", str(port), "--models", "scripted", "--http-server", server],
-                                        f"http://127.0.0.1:{port}/healthz", plan.arm,
-                                        env=otlp if arm == "sidecar-otlp" else None)
+                                        f"http://127.0.0.1:{port}/healthz", plan.arm, env=env)
                 stack.urls[arm] = f"http://127.0.0.1:{port}"
         if "litellm" in arms:
             from sidecar.bench import litellm_arm

@@ -27,7 +27,7 @@ class Received:
 
     def __init__(self, keep: bool = False):
         self.lock = threading.Lock()
-        self.trace_posts = self.metric_posts = self.spans = self.bytes = self.bad = 0
+        self.trace_posts = self.metric_posts = self.spans = self.bytes = self.unparsed = 0
         self.keep = keep
         self.traces: list[bytes] = []
         self.metrics: list[bytes] = []
@@ -35,7 +35,7 @@ class Received:
     def as_dict(self) -> dict:
         with self.lock:
             return {"trace_posts": self.trace_posts, "metric_posts": self.metric_posts, "spans": self.spans,
-                    "bytes": self.bytes, "unparsed": self.bad}
+                    "bytes": self.bytes, "unparsed": self.unparsed}
 
 
 def _span_count(body: bytes) -> int | None:
@@ -93,11 +93,11 @@ def make_server(port: int, host: str = "127.0.0.1", keep: bool = False) -> tuple
                 if self.path == "/v1/traces":
                     counts.trace_posts += 1
                     counts.spans += spans or 0
-                    counts.bad += spans is None
-                    counts.traces.append(body) if counts.keep else None
+                    counts.unparsed += spans is None
                 else:
                     counts.metric_posts += 1
-                    counts.metrics.append(body) if counts.keep else None
+                if counts.keep:
+                    (counts.traces if self.path == "/v1/traces" else counts.metrics).append(body)
             # An empty Export*ServiceResponse: zero bytes of protobuf.
             self._answer(200, b"", "application/x-protobuf")
 

@@ -238,7 +238,7 @@ def test_the_otlp_arm_exports_every_span_to_the_benchmarks_receiver():
                 assert b"[DONE]" in resp.read()
         stack.procs["sidecar-otlp"].stop()   # SIGTERM: the sidecar flushes what the SDK still batches
         deadline = time.monotonic() + 10
-        while stack.sink_stats()["spans"] < 5 and time.monotonic() < deadline:
+        while (stack.sink_stats() or {}).get("spans", 0) < 5 and time.monotonic() < deadline:
             time.sleep(0.05)
         stats = stack.sink_stats()
         assert stats["spans"] == 5 and stats["trace_posts"] >= 1 and stats["unparsed"] == 0, stats
