@@ -39,6 +39,10 @@ def run_backtest(args: argparse.Namespace) -> int:
     unknown = [m for m in models if m != "selected" and m not in MODELS]
     if unknown:
         raise UsageError(f"unknown model(s) {unknown}; choose from selected,{','.join(sorted(MODELS))}")
+    candidates = [m.strip() for m in args.selected_candidates.split(",") if m.strip()]
+    unknown = [m for m in candidates if m not in MODELS]
+    if unknown:
+        raise UsageError(f"unknown --selected-candidates {unknown}; choose from {','.join(sorted(MODELS))}")
     try:
         series = load_series(args.trace, args.resolution)
     except (ValueError, OSError) as exc:
@@ -56,6 +60,7 @@ def run_backtest(args: argparse.Namespace) -> int:
             result = backtest(y, step, horizons, models, num_origins=args.origins, season_steps=season,
                               max_window=args.max_window, plot_horizon_minutes=args.plot_horizon,
                               reselect_minutes=args.reselect_minutes,
+                              selected_candidates=candidates,
                               progress=lambda: progress.advance(task))
         except ValueError as exc:
             raise UsageError(str(exc)) from None
@@ -107,6 +112,9 @@ def register(registry) -> None:
     p.add_argument("--max-window", type=int, default=None, help="fit on at most this many points before each origin")
     p.add_argument("--reselect-minutes", type=float, default=60.0,
                    help="trace minutes between model re-selections of 'selected' (default 60; the server: 5)")
+    p.add_argument("--selected-candidates", default="",
+                   help="fitted candidates 'selected' scores against its built-in pool, as the server's --models "
+                        "(default none: the pool alone)")
     p.add_argument("--plot-horizon", type=float, default=5.0, help="horizon (minutes) drawn in the PNG (default 5)")
     p.add_argument("--timing-points", type=int, default=5760,
                    help="also time fit+predict on a history this long (default 5760 = 24 h at 15 s; 0 = skip)")

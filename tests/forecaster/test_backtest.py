@@ -71,3 +71,6 @@ def test_backtest_bad_input_is_one_line_and_exit_2(tmp_path):
     proc = subprocess.run(goodput_command("forecast", "backtest", "--trace", str(tmp_path), "--horizons", "x"),
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--horizons" in proc.stderr
+    proc = subprocess.run(goodput_command("forecast", "backtest", "--trace", str(AZURE), "--selected-candidates",
+                                          "holt_winters,bogus"), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--selected-candidates ['bogus']" in proc.stderr
