@@ -59,10 +59,12 @@ class BacktestResult:
     scores: list[ModelScore]
     # per model: origins, and forecasts at the plotted horizon (for the forecast-vs-actual plot)
     plot: dict = field(default_factory=dict)
+    selected_candidates: tuple[str, ...] = ()   # the fitted models `selected` scored beside its pool
 
     def to_json(self) -> dict:
         return {"trace": self.trace, "step_seconds": self.step_seconds, "num_points": self.num_points,
-                "season_steps": self.season_steps, "scores": [asdict(s) for s in self.scores]}
+                "season_steps": self.season_steps, "selected_candidates": list(self.selected_candidates),
+                "scores": [asdict(s) for s in self.scores]}
 
 
 def _p(values: list[float], q: float) -> float:
@@ -153,7 +155,7 @@ def backtest(y: np.ndarray, step_seconds: float, horizons_minutes: list[float], 
                                      covered[h] / len(origins), len(origins), _p(fit_s, 50), _p(fit_s, 95),
                                      _p(pred_s, 50), _p(pred_s, 95), float(np.mean(peak_loss[h])),
                                      peak_in[h] / len(origins)))
-    return BacktestResult("", step_seconds, n, season_steps, scores, plot)
+    return BacktestResult("", step_seconds, n, season_steps, scores, plot, tuple(selected_candidates))
 
 
 def pinball(actual: float, predicted: float, q: float) -> float:

@@ -14,6 +14,11 @@ from goodput_cli.errors import UsageError
 DEFAULT_MODELS = "selected,level,naive,seasonal_naive,holt_winters,arima,linear"
 
 
+def _names(text: str) -> list[str]:
+    """A comma-separated list of names, blanks dropped."""
+    return [m.strip() for m in text.split(",") if m.strip()]
+
+
 def _floats(text: str, flag: str) -> list[float]:
     try:
         values = [float(x) for x in text.split(",") if x.strip()]
@@ -35,11 +40,11 @@ def run_backtest(args: argparse.Namespace) -> int:
 
     console = Console(stderr=True)
     horizons = _floats(args.horizons, "--horizons")
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    models = _names(args.models)
     unknown = [m for m in models if m != "selected" and m not in MODELS]
     if unknown:
         raise UsageError(f"unknown model(s) {unknown}; choose from selected,{','.join(sorted(MODELS))}")
-    candidates = [m.strip() for m in args.selected_candidates.split(",") if m.strip()]
+    candidates = _names(args.selected_candidates)
     unknown = [m for m in candidates if m not in MODELS]
     if unknown:
         raise UsageError(f"unknown --selected-candidates {unknown}; choose from {','.join(sorted(MODELS))}")

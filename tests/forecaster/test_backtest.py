@@ -50,13 +50,15 @@ def test_mase_of_naive_on_an_alternating_series_is_exact():
 
 @needs_traces
 def test_backtest_command_writes_json_table_and_plot(tmp_path):
-    proc = subprocess.run(goodput_command("forecast", "backtest", "--trace", str(AZURE), "--models", "level,naive,linear",
+    proc = subprocess.run(goodput_command("forecast", "backtest", "--trace", str(AZURE), "--models",
+                                          "level,naive,linear,selected", "--selected-candidates", "linear",
                                           "--origins", "15", "--horizons", "1,5", "--timing-points", "240",
                                           "--timing-repeats", "3", "--out", str(tmp_path)),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     data = json.loads((tmp_path / "backtest.json").read_text())
-    assert {s["model"] for s in data["scores"]} == {"level", "naive", "linear"}
+    assert {s["model"] for s in data["scores"]} == {"level", "naive", "linear", "selected"}
+    assert data["selected_candidates"] == ["linear"]
     assert {s["horizon_minutes"] for s in data["scores"]} == {1.0, 5.0}
     assert data["timing"]["points"] == 240
     assert "| 5 min | 5 | " in (tmp_path / "backtest.md").read_text()
@@ -74,3 +76,13 @@ def test_backtest_bad_input_is_one_line_and_exit_2(tmp_path):
     proc = subprocess.run(goodput_command("forecast", "backtest", "--trace", str(AZURE), "--selected-candidates",
                                           "holt_winters,bogus"), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--selected-candidates ['bogus']" in proc.stderr
+
+
+def test_selected_scores_the_fitted_candidates_it_is_handed():
+    # On a ramp the pool's damped trends lag while a fitted line does not: handed `linear` (as the
+    # server's --models hands its selector fitted models), selected switches to it.
+    y = 10.0 + 0.5 * np.arange(600) + np.random.default_rng(0).normal(0.0, 0.2, 600)
+    pool, fitted = (backtest(y, 15.0, [5], ["selected"], num_origins=50, selected_candidates=c, reselect_minutes=1)
+                    for c in ((), ("linear",)))
+    assert fitted.selected_candidates == ("linear",) and pool.selected_candidates == ()
+    assert fitted.scores[0].mase < 0.5 * pool.scores[0].mase, (fitted.scores[0].mase, pool.scores[0].mase)
