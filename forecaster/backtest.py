@@ -59,7 +59,7 @@ class BacktestResult:
     scores: list[ModelScore]
     # per model: origins, and forecasts at the plotted horizon (for the forecast-vs-actual plot)
     plot: dict = field(default_factory=dict)
-    selected_candidates: tuple[str, ...] = ()   # the fitted models `selected` scored beside its pool
+    selected_candidates: tuple[str, ...] = ()   # the fitted models `selected`'s selectors held beside the pool
 
     def to_json(self) -> dict:
         return {"trace": self.trace, "step_seconds": self.step_seconds, "num_points": self.num_points,
@@ -97,6 +97,7 @@ def backtest(y: np.ndarray, step_seconds: float, horizons_minutes: list[float], 
     plot_steps = steps_of.get(plot_horizon_minutes, max_h)
     scores: list[ModelScore] = []
     plot: dict = {"origins": origins.tolist(), "steps": plot_steps}
+    scored: tuple[str, ...] = ()
     for name in models:
         errs = {h: [] for h in steps_of.values()}
         apes = {h: [] for h in steps_of.values()}
@@ -148,6 +149,8 @@ def backtest(y: np.ndarray, step_seconds: float, horizons_minutes: list[float], 
             if progress is not None:
                 progress()
         for sel in selectors.values():
+            # What the selector took, not what it was handed: a pool member's name (naive) is the pool's.
+            scored = tuple(sel.candidates)
             sel.close()
         plot[name] = {"mean": means, "lower": lowers, "upper": uppers}
         for h_min, h in steps_of.items():
@@ -155,7 +158,7 @@ def backtest(y: np.ndarray, step_seconds: float, horizons_minutes: list[float], 
                                      covered[h] / len(origins), len(origins), _p(fit_s, 50), _p(fit_s, 95),
                                      _p(pred_s, 50), _p(pred_s, 95), float(np.mean(peak_loss[h])),
                                      peak_in[h] / len(origins)))
-    return BacktestResult("", step_seconds, n, season_steps, scores, plot, tuple(selected_candidates))
+    return BacktestResult("", step_seconds, n, season_steps, scores, plot, scored)
 
 
 def pinball(actual: float, predicted: float, q: float) -> float:

@@ -14,9 +14,15 @@ from goodput_cli.errors import UsageError
 DEFAULT_MODELS = "selected,level,naive,seasonal_naive,holt_winters,arima,linear"
 
 
-def _names(text: str) -> list[str]:
-    """A comma-separated list of names, blanks dropped."""
-    return [m.strip() for m in text.split(",") if m.strip()]
+def _model_names(text: str, flag: str, also: tuple[str, ...] = ()) -> list[str]:
+    """A comma-separated list of model names (blanks dropped), each a known model or one of `also`."""
+    from forecaster.models import MODELS
+
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in names if m not in MODELS and m not in also]
+    if unknown:
+        raise UsageError(f"unknown {flag} {unknown}; choose from {','.join((*also, *sorted(MODELS)))}")
+    return names
 
 
 def _floats(text: str, flag: str) -> list[float]:
@@ -35,19 +41,12 @@ def run_backtest(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
     from forecaster.backtest import backtest, markdown_table, plot_forecasts, summary_table, timing_benchmark
-    from forecaster.models import MODELS
     from forecaster.traces import load_series
 
     console = Console(stderr=True)
     horizons = _floats(args.horizons, "--horizons")
-    models = _names(args.models)
-    unknown = [m for m in models if m != "selected" and m not in MODELS]
-    if unknown:
-        raise UsageError(f"unknown model(s) {unknown}; choose from selected,{','.join(sorted(MODELS))}")
-    candidates = _names(args.selected_candidates)
-    unknown = [m for m in candidates if m not in MODELS]
-    if unknown:
-        raise UsageError(f"unknown --selected-candidates {unknown}; choose from {','.join(sorted(MODELS))}")
+    models = _model_names(args.models, "--models", also=("selected",))
+    candidates = _model_names(args.selected_candidates, "--selected-candidates")
     try:
         series = load_series(args.trace, args.resolution)
     except (ValueError, OSError) as exc:
@@ -119,7 +118,8 @@ def register(registry) -> None:
                    help="trace minutes between model re-selections of 'selected' (default 60; the server: 5)")
     p.add_argument("--selected-candidates", default="",
                    help="fitted candidates 'selected' scores against its built-in pool, as the server's --models "
-                        "(default none: the pool alone)")
+                        "(default none: the pool alone; the timing run stays the pool's, as the server refits "
+                        "its candidates in a background thread)")
     p.add_argument("--plot-horizon", type=float, default=5.0, help="horizon (minutes) drawn in the PNG (default 5)")
     p.add_argument("--timing-points", type=int, default=5760,
                    help="also time fit+predict on a history this long (default 5760 = 24 h at 15 s; 0 = skip)")

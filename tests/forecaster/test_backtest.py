@@ -76,6 +76,9 @@ def test_backtest_bad_input_is_one_line_and_exit_2(tmp_path):
     proc = subprocess.run(goodput_command("forecast", "backtest", "--trace", str(AZURE), "--selected-candidates",
                                           "holt_winters,bogus"), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--selected-candidates ['bogus']" in proc.stderr
+    proc = subprocess.run(goodput_command("forecast", "backtest", "--trace", str(AZURE), "--models", "selected,bogus"),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--models ['bogus']; choose from selected," in proc.stderr
 
 
 def test_selected_scores_the_fitted_candidates_it_is_handed():
@@ -85,4 +88,7 @@ def test_selected_scores_the_fitted_candidates_it_is_handed():
     pool, fitted = (backtest(y, 15.0, [5], ["selected"], num_origins=50, selected_candidates=c, reselect_minutes=1)
                     for c in ((), ("linear",)))
     assert fitted.selected_candidates == ("linear",) and pool.selected_candidates == ()
+    # A pool member's name handed as a candidate is the pool's own, not a fitted candidate.
+    assert backtest(y[:200], 15.0, [1], ["selected"], num_origins=5, selected_candidates=("naive", "linear")
+                    ).selected_candidates == ("linear",)
     assert fitted.scores[0].mase < 0.5 * pool.scores[0].mase, (fitted.scores[0].mase, pool.scores[0].mase)
