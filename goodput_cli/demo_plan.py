@@ -199,34 +199,59 @@ async def measure_operating_point(cfg, prompts, mix_prompt, mix_output, rate: fl
     return await _probe(cfg, prompts, reqs)
 
 
-def fit_to_operating_point(model, mix, rate: float, tpot_mean: float, ttft_mean: float):
-    """The decode slope (seconds per sequence in the batch) at which the model's mean TPOT at
-    `rate` equals the measured one, then the fixed TTFT overhead that closes the mean TTFT gap.
-    The probes alone miss what a live mix costs a step (longer contexts, prefill chunks beside
-    the decodes, the other processes on the machine); one measured operating point pins it."""
+def decode_loads(records, prefill_tokens_per_s: float) -> tuple[list[float], list[float], list[float]]:
+    """What each request of an open-loop run decoded beside, read from the run's own timings:
+    (TPOT, the batch it decoded in, the other prompts' prefill seconds per token gap that fell in
+    its decode), for every request with two or more output tokens.
+
+    The batch is itself plus the time-average count of the others decoding during its decode
+    (first token to end); another's prompt is taken to prefill just before its first token, at
+    `prefill_tokens_per_s`. Arrivals in a short run clump (Poisson), so the batch they leave
+    differs from run to run at one rate: measured on SmolLM2 at 4 req/s, two 12-s runs and a 50-s
+    one had mean TPOTs of 194, 127 and 153 ms, and their requests decoded in batches of 21.3, 14.7
+    and 17.9 on average."""
+    done = [r for r in records if r.ttft is not None and r.e2e is not None]
+    decode = [(r.scheduled + r.ttft, r.scheduled + r.e2e) for r in done]
+    prefill = [(first - r.input_tokens / prefill_tokens_per_s, first) for r, (first, _) in zip(done, decode)]
+    tpots, batches, interference = [], [], []
+    for i, r in enumerate(done):
+        a, b = decode[i]
+        if r.tpot is None or r.output_tokens < 2 or b <= a:
+            continue
+        beside = sum(max(0.0, min(b, y) - max(a, x)) for j, (x, y) in enumerate(decode) if j != i) / (b - a)
+        prefilled = sum(max(0.0, min(b, y) - max(a, x)) for j, (x, y) in enumerate(prefill) if j != i)
+        tpots.append(r.tpot)
+        batches.append(1.0 + beside)
+        interference.append(prefilled / (r.output_tokens - 1))
+    return tpots, batches, interference
+
+
+def fit_to_operating_point(model, mix, rate: float, records):
+    """The decode slope (seconds per sequence in the batch) that the run's requests show, each
+    against the batch it actually decoded in (`decode_loads`): TPOT = step(batch) + the prefill
+    that ran during its decode per gap, the step on the probes' line a + c·b with only c fitted
+    (least squares; the step's other terms as the model has them). Then the fixed TTFT overhead
+    that closes the mean TTFT gap at `rate`. The probes alone miss what a live mix costs a step (longer contexts, the other processes on the
+    machine); one measured operating point pins it. With too few requests to fit (fewer than 3),
+    the model is returned as it is."""
     import math
 
     import numpy as np
 
-    def tpot_at(c):
-        pred = replace(model, decode_per_seq_s=c, ttft_overhead_s=0.0).predict(rate, mix)
-        multi = pred.output_tokens > 1
-        return float(np.mean(pred.tpot_s[multi])) if pred.stable and multi.any() else math.inf
-
-    lo, hi = 0.0, max(model.decode_base_s, 1e-3)
-    while tpot_at(hi) < tpot_mean and hi < 10.0:
-        hi *= 2.0
-    if tpot_at(lo) >= tpot_mean:
-        c = 0.0
-    else:
-        for _ in range(40):
-            mid = (lo + hi) / 2.0
-            lo, hi = (mid, hi) if tpot_at(mid) < tpot_mean else (lo, mid)
-        c = lo
+    tpots, batches, interference = decode_loads(records, model.prefill_tokens_per_s)
+    ttfts = [r.ttft for r in records if r.ttft is not None]
+    if len(tpots) < 3 or not ttfts:
+        return model
+    # step(b) is linear in c for any shape of the model's step: f0 + c·f1.
+    flat, unit = replace(model, decode_per_seq_s=0.0), replace(model, decode_per_seq_s=1.0)
+    f0 = np.array([flat.step_s(b) for b in batches])
+    f1 = np.array([unit.step_s(b) for b in batches]) - f0
+    y = np.array(tpots) - np.array(interference) - f0
+    c = max(0.0, float(np.sum(f1 * y) / np.sum(f1 * f1)))
     fitted = replace(model, decode_per_seq_s=c, ttft_overhead_s=0.0)
     pred = fitted.predict(rate, mix)
     ttft_pred = float(np.mean(pred.ttft_s)) if pred.stable else math.inf
-    overhead = max(0.0, ttft_mean - ttft_pred) if math.isfinite(ttft_pred) else model.ttft_overhead_s
+    overhead = max(0.0, float(np.mean(ttfts)) - ttft_pred) if math.isfinite(ttft_pred) else model.ttft_overhead_s
     return replace(fitted, ttft_overhead_s=max(overhead, model.ttft_overhead_s))
 
 
@@ -262,10 +287,8 @@ def calibrate(cfg, prompts: Callable[[int], object], mix_prompt: list[int], mix_
                            f"prefill {bench['engine_prefill']['tokens_per_s']:.0f} tokens/s; loosen the SLO")
     # Open loop with the trace's own mix, twice: first at a share of the probes' capacity that is
     # safe even where short probes overstate it several-fold, then at the capacity that first fit
-    # gives. A fit at light load comes out pessimistic (measured TPOT grows about linearly with
-    # the rate on this engine, where the model's batch grows slowly at first), so that second rate
-    # is still under the knee, and nearer the rates the phases run at; it pins the decode slope
-    # and the overhead.
+    # gives, nearer the rates the phases run at, with batches large enough to pin the decode slope;
+    # each fit takes the slope from the batches the run's requests decoded in, not from its rate.
     tpots: list = []
     ttfts: list = []
     records: list = []
@@ -279,8 +302,7 @@ def calibrate(cfg, prompts: Callable[[int], object], mix_prompt: list[int], mix_
                                                       seed=5 + k))
         tpots = [r.tpot for r in records if r.tpot is not None and r.output_tokens > 1]
         ttfts = [r.ttft for r in records if r.ttft is not None]
-        if len(tpots) >= 3 and ttfts:
-            model = fit_to_operating_point(first, mix, rate, float(np.mean(tpots)), float(np.mean(ttfts)))
+        model = fit_to_operating_point(first, mix, rate, records)
         if not model.slo_capacity_rps(mix, slo) > 0:
             break
     capacity = model.slo_capacity_rps(mix, slo)
@@ -298,8 +320,8 @@ def calibrate(cfg, prompts: Callable[[int], object], mix_prompt: list[int], mix_
     seconds = time.monotonic() - t0
     line = (f"measured in {seconds:.0f} s: prefill {model.prefill_tokens_per_s:.0f} tokens/s; decode step "
             f"{model.decode_base_s * 1000:.0f} ms + {model.decode_per_seq_s * 1000:.1f} ms per sequence, the slope "
-            f"fitted to the mean TPOT of {len(records)} requests at {rate:.2f} req/s open loop "
-            f"({np.mean(tpots) * 1000:.0f} ms); TTFT overhead {model.ttft_overhead_s * 1000:.0f} ms -> the service "
+            f"fitted to the TPOTs of {len(records)} requests at {rate:.2f} req/s open loop, each against the batch "
+            f"it decoded in (mean TPOT {np.mean(tpots) * 1000:.0f} ms); TTFT overhead {model.ttft_overhead_s * 1000:.0f} ms -> the service "
             f"model serves {capacity:.2f} req/s of this trace's mix (mean {np.mean(mix_prompt):.0f} prompt + "
             f"{np.mean(mix_output):.0f} output tokens) within TTFT {ttft:g} s / TPOT {tpot:g} s for "
             f"{objective:.0%} of requests")

@@ -113,3 +113,75 @@ def test_rolling_attainment_and_markdown():
                           "note": "no phase above capacity"})
     assert "**under**" in md and "not measured: no phase above capacity" in md
     assert not any(isinstance(v, float) and math.isnan(v) for v in figs[0].to_json().values())
+
+
+# ---- the calibration's operating point ------------------------------------------------------
+def _engine_run(profile, rate, seconds, seed):
+    """One replica of the simulator's fleet (vLLM V1's schedule: decode steps on the profile's
+    line, prompt chunks beside them) serving `seconds` of Poisson arrivals at `rate`, as the
+    load generator's records."""
+    import numpy as np
+
+    from forecaster.simulate.fleet import RequestFleet
+    from forecaster.simulate.traces import RequestTrace
+
+    rng = np.random.default_rng(seed)
+    n = max(4, round(rate * seconds))
+    arrival = np.cumsum(rng.exponential(1.0 / rate, n))
+    prompt = rng.integers(30, 120, n).astype(float)
+    output = rng.integers(20, 33, n).astype(float)
+    fleet = RequestFleet(profile, RequestTrace("t", arrival, prompt, output), initial_replicas=1, cold_start_s=0.0,
+                         tick_s=0.01)
+    now = 0.0
+    while now < arrival[-1] or not fleet.idle:
+        fleet.step(now)
+        now += 0.01
+    first, done = fleet.t_first, fleet.t_done
+    return [RequestRecord(index=i, scheduled=float(arrival[i]), sent=float(arrival[i]), input_tokens=int(prompt[i]),
+                          max_tokens=int(output[i]), outcome="good", ttft=float(first[i] - arrival[i]),
+                          tpot=float((done[i] - first[i]) / (output[i] - 1)), e2e=float(done[i] - arrival[i]),
+                          output_tokens=int(output[i]))
+            for i in range(n)]
+
+
+def test_the_operating_points_slope_is_the_engines_whatever_the_arrivals_clumped():
+    """Short runs at one rate leave different batches (Poisson clumps): the slope fitted against
+    the batch each request decoded in is the engine's own in every one, and the TPOT they show is
+    not."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from forecaster.service_model import Slo, TokenMix
+    from forecaster.simulate.profiles import ServiceProfile
+    from goodput_cli.demo_plan import fit_to_operating_point
+
+    engine = ServiceProfile(name="e", prefill_tokens_per_s=800.0, decode_base_s=0.042, decode_per_seq_s=0.004,
+                            kv_capacity_tokens=1e6, max_batch=64, step_token_budget=512, slo=Slo(3.0, 0.5))
+    # The probes' line, as the calibration starts from it: the right base, a slope off by 2x.
+    probes = replace(engine, decode_per_seq_s=0.002)
+    mix = TokenMix.from_samples(list(range(30, 120)), [20 + i % 13 for i in range(90)])
+    slo = [Slo(3.0, 0.5, 0.9, "demo")]
+    truth = engine.slo_capacity_rps(mix, slo)
+    slopes, capacities, tpots = [], [], []
+    for seed in range(6):
+        records = _engine_run(engine, 4.0, 12.0, seed)
+        tpots.append(np.mean([r.tpot for r in records]))
+        fitted = fit_to_operating_point(probes, mix, 4.0, records)
+        slopes.append(fitted.decode_per_seq_s)
+        capacities.append(fitted.slo_capacity_rps(mix, slo))
+    assert max(tpots) / min(tpots) > 1.5, tpots       # the runs did differ (102-204 ms)
+    for slope, capacity in zip(slopes, capacities):
+        assert slope == pytest.approx(0.004, rel=0.12), slopes
+        assert capacity == pytest.approx(truth, rel=0.05), (capacities, truth)
+
+
+def test_an_operating_point_with_too_few_decodes_leaves_the_model_alone():
+    from forecaster.service_model import TokenMix
+    from forecaster.simulate.profiles import CPU_SMOLLM2
+    from goodput_cli.demo_plan import fit_to_operating_point
+
+    one = RequestRecord(index=0, scheduled=0.0, sent=0.0, input_tokens=50, max_tokens=1, ttft=0.2, e2e=0.2,
+                        output_tokens=1)
+    mix = TokenMix.from_samples([50], [1])
+    assert fit_to_operating_point(CPU_SMOLLM2, mix, 1.0, [one, one]) is CPU_SMOLLM2
