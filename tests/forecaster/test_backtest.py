@@ -62,6 +62,8 @@ def test_backtest_command_writes_json_table_and_plot(tmp_path):
     assert {s["horizon_minutes"] for s in data["scores"]} == {1.0, 5.0}
     assert data["timing"]["points"] == 240
     assert "| 5 min | 5 | " in (tmp_path / "backtest.md").read_text()
+    for score in data["scores"]:
+        assert 0.0 <= score["coverage_low"] <= score["coverage"] <= score["coverage_high"] <= 1.0, score
     assert (tmp_path / "azure2023_code.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -92,3 +94,19 @@ def test_selected_scores_the_fitted_candidates_it_is_handed():
     assert backtest(y[:200], 15.0, [1], ["selected"], num_origins=5, selected_candidates=("naive", "linear")
                     ).selected_candidates == ("linear",)
     assert fitted.scores[0].mase < 0.5 * pool.scores[0].mase, (fitted.scores[0].mase, pool.scores[0].mase)
+
+
+def test_coverage_interval_counts_the_windows_a_run_holds():
+    from forecaster.backtest import coverage_interval
+
+    # Origins a horizon apart or more are independent windows: the plain Wilson interval.
+    low, high = coverage_interval(9, 10, 1, 1.0)
+    assert (low, high) == (pytest.approx(0.5958, abs=1e-4), pytest.approx(0.9821, abs=1e-4))
+    assert coverage_interval(9, 10, 5, 5.0) == (low, high)
+    # 140 origins one step apart, a 20-step horizon: 7 windows, as an hour at 15 s holds for 5
+    # minutes. The interval is the one 7 windows give, far wider than 140 would.
+    wide = coverage_interval(126, 140, 20, 1.0)
+    assert wide[0] == pytest.approx(0.53, abs=0.01) and wide[1] == pytest.approx(0.99, abs=0.01)
+    narrow = coverage_interval(126, 140, 1, 1.0)
+    assert wide[0] < narrow[0] - 0.2
+    assert all(np.isnan(v) for v in coverage_interval(0, 0, 1, 1.0))   # nothing to know
