@@ -232,8 +232,9 @@ def fit_to_operating_point(model, mix, rate: float, records):
     that ran during its decode per gap, the step on the probes' line a + c·b with only c fitted
     (least squares; the step's other terms as the model has them). Then the fixed TTFT overhead
     that closes the mean TTFT gap at `rate`. The probes alone miss what a live mix costs a step (longer contexts, the other processes on the
-    machine); one measured operating point pins it. With too few requests to fit (fewer than 3),
-    the model is returned as it is."""
+    machine); one measured operating point pins it. With too few requests to fit (fewer than 3
+    that decoded, or none beside another where the model's step has a one-sequence figure of its
+    own), the model is returned as it is."""
     import math
 
     import numpy as np
@@ -246,6 +247,8 @@ def fit_to_operating_point(model, mix, rate: float, records):
     flat, unit = replace(model, decode_per_seq_s=0.0), replace(model, decode_per_seq_s=1.0)
     f0 = np.array([flat.step_s(b) for b in batches])
     f1 = np.array([unit.step_s(b) for b in batches]) - f0
+    if not np.sum(f1 * f1) > 0:
+        return model
     y = np.array(tpots) - np.array(interference) - f0
     c = max(0.0, float(np.sum(f1 * y) / np.sum(f1 * f1)))
     fitted = replace(model, decode_per_seq_s=c, ttft_overhead_s=0.0)

@@ -185,3 +185,17 @@ def test_an_operating_point_with_too_few_decodes_leaves_the_model_alone():
                         output_tokens=1)
     mix = TokenMix.from_samples([50], [1])
     assert fit_to_operating_point(CPU_SMOLLM2, mix, 1.0, [one, one]) is CPU_SMOLLM2
+
+
+def test_an_operating_point_where_every_request_decoded_alone_leaves_a_one_sequence_step_alone():
+    """With a one-sequence step of its own the model's slope shows only beside another sequence."""
+    from dataclasses import replace
+
+    from forecaster.service_model import TokenMix
+    from forecaster.simulate.profiles import CPU_SMOLLM2
+    from goodput_cli.demo_plan import fit_to_operating_point
+
+    model = replace(CPU_SMOLLM2, decode_single_s=0.07)
+    alone = [RequestRecord(index=i, scheduled=10.0 * i, sent=10.0 * i, input_tokens=50, max_tokens=10, ttft=0.2,
+                           tpot=0.07, e2e=0.83, output_tokens=10) for i in range(4)]
+    assert fit_to_operating_point(model, TokenMix.from_samples([50], [10]), 0.1, alone) is model
