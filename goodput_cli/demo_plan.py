@@ -229,12 +229,12 @@ def decode_loads(records, prefill_tokens_per_s: float) -> tuple[list[float], lis
 def fit_to_operating_point(model, mix, rate: float, records):
     """The decode slope (seconds per sequence in the batch) that the run's requests show, each
     against the batch it actually decoded in (`decode_loads`): TPOT = step(batch) + the prefill
-    that ran during its decode per gap, the step on the probes' line a + c·b with only c fitted
-    (least squares; the step's other terms as the model has them). Then the fixed TTFT overhead
-    that closes the mean TTFT gap at `rate`. The probes alone miss what a live mix costs a step (longer contexts, the other processes on the
-    machine); one measured operating point pins it. With too few requests to fit (fewer than 3
-    that decoded, or none beside another where the model's step has a one-sequence figure of its
-    own), the model is returned as it is."""
+    that ran during its decode per gap, with only the step's slope fitted (least squares) and its
+    other terms (the probes' base) kept. Then the fixed TTFT overhead that closes the mean TTFT
+    gap at `rate`. The probes alone miss what a live mix costs a step (longer contexts, the other
+    processes on the machine); one measured operating point pins it. With too few requests to fit
+    (fewer than 3 that decoded, or none beside another where the model's step has a one-sequence
+    figure of its own), the model is returned as it is."""
     import math
 
     import numpy as np
@@ -323,7 +323,7 @@ def calibrate(cfg, prompts: Callable[[int], object], mix_prompt: list[int], mix_
     seconds = time.monotonic() - t0
     line = (f"measured in {seconds:.0f} s: prefill {model.prefill_tokens_per_s:.0f} tokens/s; decode step "
             f"{model.decode_base_s * 1000:.0f} ms + {model.decode_per_seq_s * 1000:.1f} ms per sequence, the slope "
-            f"fitted to the TPOTs of {len(records)} requests at {rate:.2f} req/s open loop, each against the batch "
+            f"fitted to the TPOTs of {len(tpots)} requests at {rate:.2f} req/s open loop, each against the batch "
             f"it decoded in (mean TPOT {np.mean(tpots) * 1000:.0f} ms); TTFT overhead {model.ttft_overhead_s * 1000:.0f} ms -> the service "
             f"model serves {capacity:.2f} req/s of this trace's mix (mean {np.mean(mix_prompt):.0f} prompt + "
             f"{np.mean(mix_output):.0f} output tokens) within TTFT {ttft:g} s / TPOT {tpot:g} s for "
