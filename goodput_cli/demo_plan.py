@@ -218,12 +218,17 @@ def decode_loads(records, prefill_tokens_per_s: float) -> tuple[list[float], lis
         a, b = decode[i]
         if r.tpot is None or r.output_tokens < 2 or b <= a:
             continue
-        beside = sum(max(0.0, min(b, y) - max(a, x)) for j, (x, y) in enumerate(decode) if j != i) / (b - a)
-        prefilled = sum(max(0.0, min(b, y) - max(a, x)) for j, (x, y) in enumerate(prefill) if j != i)
+        beside = _overlap(a, b, decode, i) / (b - a)
+        prefilled = _overlap(a, b, prefill, i)
         tpots.append(r.tpot)
         batches.append(1.0 + beside)
         interference.append(prefilled / (r.output_tokens - 1))
     return tpots, batches, interference
+
+
+def _overlap(a: float, b: float, spans: list[tuple[float, float]], skip: int) -> float:
+    """Seconds of [a, b] that the spans cover, summed over the spans but the one at `skip`."""
+    return sum(max(0.0, min(b, y) - max(a, x)) for j, (x, y) in enumerate(spans) if j != skip)
 
 
 def fit_to_operating_point(model, mix, rate: float, records):
