@@ -5,9 +5,9 @@ Calibration measures, through the sidecar, the two things a replica's SLO capaci
 prefill speed (TTFT of a short and a long prompt, one at a time, one output token each, the
 median of three) and the decode step against the batch (TPOT of one stream alone, then of
 eight at once); then open-loop Poisson arrivals with the trace's own mix, 8 s at 0.3 of the
-capacity those probes give and 12 s at the capacity a fit to that gives, whose mean TPOT and
-TTFT pin the decode slope and the fixed overhead (what a live mix costs a step, which short
-probes miss). A ramp measured by the sidecar (8 s steps from the model's capacity, x1.5 a step)
+capacity those probes give and 12 s at the capacity a fit to that gives, whose requests' TPOTs
+(each against the batch it decoded in) and mean TTFT pin the decode slope and the fixed overhead
+(what a live mix costs a step, which short probes miss). A ramp measured by the sidecar (8 s steps from the model's capacity, x1.5 a step)
 was tried and dropped: 8 s at a rate is too short for a queue to build, so every step "met" the
 objective up to 4 req/s and the phases cut to that overloaded the replica from phase 1. The result is a `goodput bench engine`-shaped result, so the forecaster takes them as its `--prior` and
 the service model of `forecaster.service_model` turns them into requests/s within the SLO for
