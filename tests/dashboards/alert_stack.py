@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import yaml
 
-from tests.support import REPO_ROOT
+from tests.support import REPO_ROOT, GetServer
 
 EXAMPLE_DOC = REPO_ROOT / "helm" / "goodput" / "docs" / "alertmanager.md"
 
@@ -58,25 +58,11 @@ class GrowingCounters:
             lines += [f'goodput_slo_objective_ratio{{slo_class="{cls}"}} {objective}' for cls in classes]
             return ("\n".join(lines) + "\n").encode()
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                body = text()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.address = f"127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self._server = GetServer(lambda path: text())
+        self.address = self._server.address
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self._server.close()
 
 
 class WebhookReceiver:

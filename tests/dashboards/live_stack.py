@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import yaml
 
 from dashboards import contract
+from tests.support import GetServer
 
 # Lenient "interactive" so the tiny CPU engine meets it; "strict" can never be met (1 ms TTFT),
 # so every strict request is slo_violated: violations, burn rates and a real page alert exist.
@@ -50,31 +49,10 @@ def prometheus_config(targets: dict[str, str], rules_file: str, alertmanager: st
     })
 
 
-class StaticMetrics:
+def StaticMetrics(text: str) -> GetServer:  # noqa: N802 - reads as the stand-in it builds
     """Serves a fixed exposition text on /metrics from a thread (the kube-state-metrics stand-in)."""
-
-    def __init__(self, text: str):
-        body = text.encode()
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.address = f"127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    body = text.encode()
+    return GetServer(lambda path: body)
 
 
 async def _stream(client: httpx.AsyncClient, url: str, slo_class: str, max_tokens: int) -> int:

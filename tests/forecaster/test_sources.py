@@ -6,7 +6,6 @@ import subprocess
 import tempfile
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from kubernetes import client as k8s
@@ -15,7 +14,7 @@ from forecaster.sources.kube import EndpointSliceDiscovery
 from forecaster.sources.prometheus import PrometheusSource
 from forecaster.sources.scrape import ScrapeSource, static_targets
 from tests.forecaster.sidecar_metrics import FakeSidecarMetrics
-from tests.support import free_port
+from tests.support import GetServer, free_port
 
 
 @pytest.fixture
@@ -62,25 +61,24 @@ def test_scrape_sums_sidecars_and_survives_a_counter_reset(sidecars):
     src.close()
 
 
-class EndpointSliceAPI(BaseHTTPRequestHandler):
+class EndpointSliceAPI:
     """The only stand-in here: no Kubernetes API server runs on these machines, so this answers
     GET /apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices with the list JSON the real API
-    server returns (fields as in discovery.k8s.io/v1 EndpointSliceList)."""
+    server returns (fields as in discovery.k8s.io/v1 EndpointSliceList), and keeps the paths asked."""
 
-    body: dict = {}
-    seen: list = []
+    def __init__(self):
+        self.body: dict = {}
+        self.seen: list[str] = []
+        self.server = GetServer(self._answer, content_type="application/json")
 
-    def do_GET(self):  # noqa: N802
-        EndpointSliceAPI.seen.append(self.path)
-        data = json.dumps(EndpointSliceAPI.body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+    def _answer(self, path: str) -> bytes:
+        self.seen.append(path)
+        return json.dumps(self.body).encode()
 
-    def log_message(self, *args):
-        pass
+    def client(self):
+        cfg = k8s.Configuration()
+        cfg.host = f"http://{self.server.address}"
+        return k8s.ApiClient(cfg)
 
 
 def _endpoint(ip, ready, terminating=False):
@@ -89,7 +87,8 @@ def _endpoint(ip, ready, terminating=False):
 
 
 def test_endpointslice_discovery_finds_ready_pods_and_counts_starting_ones():
-    EndpointSliceAPI.body = {
+    api = EndpointSliceAPI()
+    api.body = {
         "kind": "EndpointSliceList", "apiVersion": "discovery.k8s.io/v1", "metadata": {"resourceVersion": "42"},
         "items": [{
             "kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1",
@@ -101,20 +100,13 @@ def test_endpointslice_discovery_finds_ready_pods_and_counts_starting_ones():
                           _endpoint("10.0.0.8", False, terminating=True)],
         }],
     }
-    port = free_port()
-    server = ThreadingHTTPServer(("127.0.0.1", port), EndpointSliceAPI)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        cfg = k8s.Configuration()
-        cfg.host = f"http://127.0.0.1:{port}"
-        disc = EndpointSliceDiscovery("serving", "llm", port_name="http", api_client=k8s.ApiClient(cfg))
+    with api.server:
+        disc = EndpointSliceDiscovery("serving", "llm", port_name="http", api_client=api.client())
         assert disc.targets() == ["http://10.0.0.5:8080/metrics", "http://10.0.0.6:8080/metrics"]
         # 10.0.0.7 is not ready yet (cold start); 10.0.0.8 is terminating and counts for nothing.
         assert disc.starting() == 1
-        assert EndpointSliceAPI.seen[-1] == ("/apis/discovery.k8s.io/v1/namespaces/serving/endpointslices"
-                                             "?labelSelector=kubernetes.io/service-name%3Dllm")
-    finally:
-        server.shutdown()
+        assert api.seen[-1] == ("/apis/discovery.k8s.io/v1/namespaces/serving/endpointslices"
+                                "?labelSelector=kubernetes.io/service-name%3Dllm")
 
 
 @pytest.mark.prometheus
@@ -207,30 +199,24 @@ def test_endpointslice_discovery_learns_the_cold_start():
                                         "labels": {"kubernetes.io/service-name": "llm"}},
                            "addressType": "IPv4", "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
                            "endpoints": [_endpoint("10.0.0.5", True), _endpoint("10.0.0.9", ready)]}]}
-    port = free_port()
-    server = ThreadingHTTPServer(("127.0.0.1", port), EndpointSliceAPI)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        cfg = k8s.Configuration()
-        cfg.host = f"http://127.0.0.1:{port}"
-        disc = EndpointSliceDiscovery("serving", "llm", port_name="http", api_client=k8s.ApiClient(cfg))
+    api = EndpointSliceAPI()
+    with api.server:
+        disc = EndpointSliceDiscovery("serving", "llm", port_name="http", api_client=api.client())
         clock = [1000.0]
         disc._clock = lambda: clock[0]
-        EndpointSliceAPI.body = body(False)
+        api.body = body(False)
         disc.refresh()
         assert disc.starting() == 1 and disc.cold_start_seconds() is None
         clock[0] += 95.0          # still starting at the next refreshes
         disc.refresh()
         clock[0] += 30.0
-        EndpointSliceAPI.body = body(True)
+        api.body = body(True)
         disc.refresh()
         # First seen not ready at 1000, ready at 1125: a 125 s cold start (10.0.0.5 was ready when
         # first seen, so it teaches nothing).
         assert disc.cold_start_seconds() == 125.0 and list(disc.cold_starts) == [125.0]
         src = ScrapeSource(static_targets([]), cold_start=disc.cold_start_seconds)
         assert src.cold_start_seconds() == 125.0
-    finally:
-        server.shutdown()
 
 
 def test_shed_requests_are_demand_in_what_the_real_sidecar_exposes():

@@ -10,9 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry
 
@@ -21,7 +19,7 @@ from forecaster.runner import Runner
 from forecaster.server import ForecastCollector, ForecastState
 from forecaster.sources.prometheus import PrometheusSource
 from forecaster.sources.scrape import ScrapeSource, static_targets
-from tests.support import free_port
+from tests.support import GetServer
 
 
 class TextServer:
@@ -29,24 +27,13 @@ class TextServer:
 
     def __init__(self):
         self.body, self.status, self.delay = b"", 200, 0.0
-        outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802
-                time.sleep(outer.delay)
-                body = outer.respond(self.path)
-                self.send_response(outer.status)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+        def answer(path: str) -> tuple[int, bytes]:
+            time.sleep(self.delay)
+            return self.status, self.respond(path)
 
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"127.0.0.1:{self.server.server_address[1]}"
+        self._server = GetServer(answer)
+        self.url = self._server.address
 
     def sidecar(self, arrived: float, in_flight: float = 2, waiting: float = 1, extra: str = "") -> None:
         self.body = (f'goodput_requests_arrived_total{{model="m",slo_class="d"}} {arrived}\n'
@@ -59,8 +46,7 @@ class TextServer:
         return self.body
 
     def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
+        self._server.close()
 
 
 def errors(registry) -> dict[str, float]:
