@@ -49,7 +49,7 @@ def prometheus_config(targets: dict[str, str], rules_file: str, alertmanager: st
     })
 
 
-def StaticMetrics(text: str) -> GetServer:  # noqa: N802 - reads as the stand-in it builds
+def static_metrics(text: str) -> GetServer:
     """Serves a fixed exposition text on /metrics from a thread (the kube-state-metrics stand-in)."""
     body = text.encode()
     return GetServer(lambda path: body)

@@ -81,7 +81,7 @@ def test_live_prometheus_evaluates_every_query_and_rule(start_server, tmp_path):
         start_server(_forecaster_command(sidecar, forecaster_port),
                      f"http://127.0.0.1:{forecaster_port}/metrics", timeout=60, name="forecaster")
         targets["forecaster"] = f"127.0.0.1:{forecaster_port}"
-    ksm = live_stack.StaticMetrics(live_stack.KSM_TEXT)
+    ksm = live_stack.static_metrics(live_stack.KSM_TEXT)
     targets["kube-state-metrics"] = ksm.address
     receiver, alertmanager = alert_stack.WebhookReceiver(), None
     if ALERTMANAGER:
