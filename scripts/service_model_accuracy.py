@@ -71,6 +71,12 @@ def learned_model(text: str) -> tuple[ServiceModel, float, float]:
     return model, kinds["prompt"], kinds["output"]
 
 
+def engine_dtype(text: str) -> str | None:
+    """The dtype the engine computes in, from its /metrics page (`goodput:engine_dtype_info`)."""
+    return next((dict(labels).get("dtype") for (name, labels) in promtext.parse(text)
+                 if name == "goodput:engine_dtype_info"), None)
+
+
 def rate_durations(rates: str, duration: float, min_requests: int) -> list[tuple[float, float]]:
     """(rate, seconds of arrivals) per rate of --rates: at least `duration`, and long enough for
     `min_requests` requests at that rate."""
@@ -93,6 +99,9 @@ def main(argv=None) -> int:
                         "a p99 of a dozen requests is their slowest one")
     p.add_argument("--input-tokens", type=int, default=128)
     p.add_argument("--output-tokens", type=int, default=32)
+    p.add_argument("--dtype", default="float32", choices=["float32", "auto", "bfloat16", "float16"],
+                   help="engine dtype (default float32, as `goodput demo` runs it, so runs compare across hosts "
+                        "and with the demo; `auto` picks per host: bfloat16 on a CPU with AMX)")
     p.add_argument("--out", default="docs/service_model")
     p.add_argument("--repredict", metavar="JSON",
                    help="no run: re-score a saved <model>_accuracy.json (its measured figures and learned "
@@ -118,6 +127,7 @@ def main(argv=None) -> int:
         model = ServiceModel(**saved["learned"])
         if args.relearn:
             model, (p_mean, o_mean) = relearn(Path(args.relearn), model)
+        args.engine_dtype = saved.get("engine_dtype")
         return _report(args, out, model, p_mean, o_mean, points,
                        saved["load_average"], repredicted=True)
     work = Path(tempfile.mkdtemp(prefix="svc-accuracy-"))
@@ -126,7 +136,8 @@ def main(argv=None) -> int:
     engine, sidecar, forecaster = free_port(), free_port(), free_port()
     procs = []
     try:
-        procs.append(ServerProcess(goodput_command("engine", "serve", "--model", args.model, "--port", str(engine)),
+        procs.append(ServerProcess(goodput_command("engine", "serve", "--model", args.model, "--port", str(engine),
+                                                   "--dtype", args.dtype),
                                    f"http://127.0.0.1:{engine}/health", timeout=600, name="engine"))
         procs.append(ServerProcess(goodput_command("sidecar", "run", "--upstream", f"http://127.0.0.1:{engine}",
                                                    "--port", str(sidecar), "--slo-config", str(slo),
@@ -157,6 +168,8 @@ def main(argv=None) -> int:
             recorder.stop()
         print(f"recorded {recorder.count} scrapes of the sidecar in {scrapes}")
         text = urllib.request.urlopen(f"http://127.0.0.1:{forecaster}/metrics", timeout=10).read().decode()
+        args.engine_dtype = engine_dtype(urllib.request.urlopen(f"http://127.0.0.1:{engine}/metrics", timeout=10)
+                                         .read().decode())
     finally:
         for proc in reversed(procs):
             proc.stop()
@@ -265,11 +278,13 @@ def _report(args, out: Path, model: ServiceModel, p_mean: float, o_mean: float, 
                 if m:
                     errors[name].append(abs(v - m) / m)
         rows.append(row)
-    doc = {"model": args.model, "learned": model.to_dict(), "mix_means": [p_mean, o_mean], "rows": rows,
+    dtype = getattr(args, "engine_dtype", None)
+    doc = {"model": args.model, "engine_dtype": dtype, "learned": model.to_dict(), "mix_means": [p_mean, o_mean], "rows": rows,
            "max_error": {k: max(v) if v else None for k, v in errors.items()},
            "load_average": list(load), "repredicted": repredicted}
     (out / f"{args.model}_accuracy.json").write_text(json.dumps(doc, indent=2, default=float) + "\n")
-    lines = [f"learned: {_describe(model)}; mix {p_mean:.0f}/{o_mean:.0f} tokens",
+    lines = [f"engine dtype: {dtype or 'not recorded'}", "",
+             f"learned: {_describe(model)}; mix {p_mean:.0f}/{o_mean:.0f} tokens",
              "",
              "| rate req/s | requests | attainment | TTFT p50 meas / pred | TTFT p99 meas / pred | "
              "TPOT p50 meas / pred | TPOT p99 meas / pred |", "|---|---|---|---|---|---|---|"]

@@ -481,6 +481,26 @@ def test_the_accuracy_script_reads_the_model_the_forecaster_exports():
         accuracy.learned_model(generate_latest(CollectorRegistry()).decode())
 
 
+def test_the_accuracy_script_records_the_dtype_the_engine_runs():
+    # The engine's own exporter (engine/config_info.py): `--dtype auto` picks bfloat16 on a CPU
+    # with AMX and float32 elsewhere, and runs in different dtypes do not compare.
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from engine.config_info import export_config_info
+    from engine.dtype import DtypeChoice
+
+    registry = CollectorRegistry()
+    engine = SimpleNamespace(cfg=SimpleNamespace(block_size=16, enable_prefix_caching=True, device="cpu"),
+                             dtype="bfloat16", num_blocks=64,
+                             dtype_choice=DtypeChoice("bfloat16", "auto", "cpu_bf16_faster", "measured"))
+    export_config_info(registry, "smollm2", engine)
+    accuracy = _accuracy_script()
+    assert accuracy.engine_dtype(generate_latest(registry).decode()) == "bfloat16"
+    assert accuracy.engine_dtype(generate_latest(CollectorRegistry()).decode()) is None
+
+
 def test_the_accuracy_script_runs_each_rate_long_enough_for_its_requests():
     accuracy = _accuracy_script()
     assert accuracy.rate_durations("0.2,1, 4", 60.0, 100) == [(0.2, 500.0), (1.0, 100.0), (4.0, 60.0)]
