@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 
+from engine.dtype import REQUESTABLE
 from goodput_cli.errors import UsageError
 
 
@@ -43,7 +44,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-chunked-prefill", action="store_true", help="run each prompt's prefill whole in one step")
     p.add_argument("--no-prefix-caching", action="store_true", help="switch automatic prefix caching off")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+    p.add_argument("--dtype", default="auto", choices=REQUESTABLE,
                    help="auto (default): bfloat16 on CUDA and on a CPU where a short timed comparison at start finds "
                         "it faster at every shape, else float32")
     p.add_argument("--seed", type=int, default=0)

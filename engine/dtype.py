@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DTYPES = ("float32", "bfloat16", "float16")
+REQUESTABLE = ("auto", *DTYPES)   # what --dtype takes wherever an engine is started
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 # bfloat16 must be at least this much faster at every shape; a shared machine's noise alone
 # should not flip the choice.

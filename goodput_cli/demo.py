@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from engine.dtype import REQUESTABLE
 from goodput_cli.demo_plan import CALIBRATION_CLASS, DEFAULT_PHASES, calibrate, parse_phases, plan_phases
 from goodput_cli.errors import UsageError
 
@@ -31,7 +32,7 @@ BUNDLED_TRACE = Path(__file__).resolve().parent.parent / "sidecar" / "loadgen" /
 def register(registry) -> None:
     p = registry.command("demo", "the embedded default: engine + sidecar + forecaster, a real trace in three phases", run)
     p.add_argument("--model", default="smollm2", help="engine model: smollm2 (default), tiny, or a path")
-    p.add_argument("--dtype", default="float32", choices=["float32", "auto", "bfloat16", "float16"],
+    p.add_argument("--dtype", default="float32", choices=REQUESTABLE,
                    help="engine dtype (default float32: runs stay comparable; `auto` times both at start and "
                         "its choice can flip between runs on a CPU where they are close)")
     p.add_argument("--trace", type=Path, default=BUNDLED_TRACE, help="trace to replay (default: the bundled slice of the Mooncake conversation trace)")

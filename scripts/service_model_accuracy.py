@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
+from engine.dtype import REQUESTABLE  # noqa: E402
 from forecaster.service_model import ServiceModel, TokenMix  # noqa: E402
 from goodput_cli import promtext  # noqa: E402
 from goodput_cli.procs import ServerProcess, goodput_command  # noqa: E402
@@ -99,7 +100,7 @@ def main(argv=None) -> int:
                         "a p99 of a dozen requests is their slowest one")
     p.add_argument("--input-tokens", type=int, default=128)
     p.add_argument("--output-tokens", type=int, default=32)
-    p.add_argument("--dtype", default="float32", choices=["float32", "auto", "bfloat16", "float16"],
+    p.add_argument("--dtype", default="float32", choices=REQUESTABLE,
                    help="engine dtype (default float32, as `goodput demo` runs it, so runs compare across hosts "
                         "and with the demo; `auto` picks per host: bfloat16 on a CPU with AMX)")
     p.add_argument("--out", default="docs/service_model")
@@ -127,9 +128,8 @@ def main(argv=None) -> int:
         model = ServiceModel(**saved["learned"])
         if args.relearn:
             model, (p_mean, o_mean) = relearn(Path(args.relearn), model)
-        args.engine_dtype = saved.get("engine_dtype")
         return _report(args, out, model, p_mean, o_mean, points,
-                       saved["load_average"], repredicted=True)
+                       saved["load_average"], saved.get("engine_dtype"), repredicted=True)
     work = Path(tempfile.mkdtemp(prefix="svc-accuracy-"))
     slo = work / "slo.yaml"
     slo.write_text("classes:\n  - {name: default, ttft: 3, tpot: 0.5, objective: 0.99}\n")
@@ -168,8 +168,7 @@ def main(argv=None) -> int:
             recorder.stop()
         print(f"recorded {recorder.count} scrapes of the sidecar in {scrapes}")
         text = urllib.request.urlopen(f"http://127.0.0.1:{forecaster}/metrics", timeout=10).read().decode()
-        args.engine_dtype = engine_dtype(urllib.request.urlopen(f"http://127.0.0.1:{engine}/metrics", timeout=10)
-                                         .read().decode())
+        dtype = engine_dtype(urllib.request.urlopen(f"http://127.0.0.1:{engine}/metrics", timeout=10).read().decode())
     finally:
         for proc in reversed(procs):
             proc.stop()
@@ -178,7 +177,7 @@ def main(argv=None) -> int:
                "measured": {"ttft p50": point["ttft"]["p50"], "ttft p99": point["ttft"]["p99"],
                             "tpot p50": point["tpot"]["p50"], "tpot p99": point["tpot"]["p99"]}}
               for point in sweep_points]
-    return _report(args, out, model, p_mean, o_mean, points, os.getloadavg())
+    return _report(args, out, model, p_mean, o_mean, points, os.getloadavg(), dtype)
 
 
 class _Recorder(threading.Thread):
@@ -258,7 +257,7 @@ def sample_p99_range(pred, n: int, draws: int = 2000, seed: int = 5) -> dict:
 
 
 def _report(args, out: Path, model: ServiceModel, p_mean: float, o_mean: float, points: list, load,
-            repredicted: bool = False) -> int:
+            dtype: str | None, repredicted: bool = False) -> int:
     mixes = {"sweep mix": TokenMix(np.full(4000, float(args.input_tokens)), np.full(4000, float(args.output_tokens))),
              "assumed mix": TokenMix.from_means(p_mean, o_mean)}
     rows, errors = [], {name: [] for name in mixes}
@@ -278,7 +277,6 @@ def _report(args, out: Path, model: ServiceModel, p_mean: float, o_mean: float, 
                 if m:
                     errors[name].append(abs(v - m) / m)
         rows.append(row)
-    dtype = getattr(args, "engine_dtype", None)
     doc = {"model": args.model, "engine_dtype": dtype, "learned": model.to_dict(), "mix_means": [p_mean, o_mean], "rows": rows,
            "max_error": {k: max(v) if v else None for k, v in errors.items()},
            "load_average": list(load), "repredicted": repredicted}

@@ -27,8 +27,6 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-
-
 class GetServer:
     """A loopback HTTP server on a thread that answers every GET with `respond(path)`: bytes, or
     (status, bytes). The tests' stand-ins for a /metrics page or the Kubernetes API; `close()`
@@ -50,10 +48,8 @@ class GetServer:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        self.port = self.server.server_address[1]
-        self.address = f"127.0.0.1:{self.port}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        self.address = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self) -> None:
         self.server.shutdown()
