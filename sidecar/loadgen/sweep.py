@@ -137,7 +137,7 @@ def markdown(doc: dict) -> str:
         return "-" if v is None else f"{v * 1000:.0f}"
 
     for p in doc["points"]:
-        head.append(f"| {p['rate']:.3g} | {p['achieved_rate']:.3f} | {p['goodput']:.3f} | {p['attainment'] * 100:.1f} % | "
+        head.append(f"| {p['offered_rate']:.3g} | {p['achieved_rate']:.3f} | {p['goodput']:.3f} | {p['attainment'] * 100:.1f} % | "
                     f"{p['output_tokens_per_s']:.1f} | {ms(p['ttft']['p50'])} | {ms(p['ttft']['p99'])} | "
                     f"{ms(p['tpot']['p50'])} | {ms(p['tpot']['p99'])} | {p['errors']} |")
     return "\n".join(head) + "\n"

@@ -58,3 +58,38 @@ def test_class_mix_is_seeded_and_follows_the_weights():
     share = sum(r.slo_class == "high" for r in mixed) / len(mixed)
     assert abs(share - 0.25) < 0.03          # binomial sd at n=4000 is 0.007
     assert assign_classes(reqs, {}, seed=5) is reqs
+
+
+def test_a_schedule_offers_exactly_the_rate_asked():
+    from sidecar.loadgen.workload import at_exact_rate
+
+    # Drawn as they come, 240 arrivals at 4 req/s from these seeds realise 3.5-4.5 req/s; rescaled,
+    # each offers 4 (its requests over its last arrival, as the run's summary reports it).
+    drawn = [240 / poisson_arrivals(4.0, 240, seed)[-1] for seed in range(40)]
+    assert max(abs(r - 4.0) for r in drawn) > 0.3
+    for seed in range(40):
+        times = at_exact_rate(poisson_arrivals(4.0, 240, seed), 4.0)
+        assert 240 / times[-1] == pytest.approx(4.0)
+        assert np.all(np.diff(times) >= 0)
+    # Still Poisson given the count: the arrivals before the last are uniform on the span.
+    times = at_exact_rate(poisson_arrivals(5.0, N, seed=3), 5.0)
+    assert stats.kstest(times[:-1] / times[-1], "uniform").pvalue > 0.01
+    gaps = np.diff(np.concatenate([[0.0], times]))
+    assert abs(gaps.std() / gaps.mean() - 1.0) < 0.03
+    # Gamma gaps keep their burstiness.
+    times = at_exact_rate(gamma_arrivals(10.0, 2.0, N, seed=2), 10.0)
+    gaps = np.diff(np.concatenate([[0.0], times]))
+    assert abs(gaps.std() / gaps.mean() - 2.0) / 2.0 < 0.10
+    with pytest.raises(ValueError, match="rate"):
+        at_exact_rate(times, 0.0)
+
+
+def test_the_load_generator_offers_the_rate_asked():
+    import argparse
+
+    from sidecar.loadgen.cli import _common, build_workload
+
+    p = argparse.ArgumentParser()
+    _common(p)
+    reqs, _, _ = build_workload(p.parse_args(["--seed", "4"]), rate=7.0, duration=60.0)
+    assert len(reqs) == 420 and reqs[-1].arrival == pytest.approx(60.0)
