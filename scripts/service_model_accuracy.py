@@ -264,9 +264,9 @@ def _report(args, out: Path, model: ServiceModel, p_mean: float, o_mean: float, 
     rows, errors = [], {name: [] for name in mixes}
     for point in points:
         measured = point["measured"]
-        # The rate the engine was offered: the sweep's Poisson schedule realised (its requests over
-        # its span), which is what the model is asked about. A schedule of 240 requests at 4 req/s
-        # reads 4 ± 0.26 (one sd); the seeds the script passes realised 3.5 there.
+        # The rate the engine was offered (the sweep's requests over its schedule's span) is what
+        # the model is asked about. Since the load generator's exact-rate schedules it is the rate
+        # asked; runs before them offered what their draws realised (3.51 req/s at a nominal 4).
         rate = point.get("offered_rate") or point["rate"]
         row = {"rate": point["rate"], "offered_rate": point.get("offered_rate"), "attainment": point["attainment"],
                "requests": point.get("requests"), "measured": measured, "predicted": {}}
