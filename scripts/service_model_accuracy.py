@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 
 from engine.dtype import REQUESTABLE  # noqa: E402
-from forecaster.service_model import ServiceModel, TokenMix  # noqa: E402
+from forecaster.service_model import ServiceModel, Slo, TokenMix  # noqa: E402
 from goodput_cli import promtext  # noqa: E402
 from goodput_cli.procs import ServerProcess, goodput_command  # noqa: E402
 from tests.support import free_port  # noqa: E402
@@ -70,6 +70,23 @@ def learned_model(text: str) -> tuple[ServiceModel, float, float]:
     kinds = {dict(labels).get("kind"): v for (name, labels), v in samples.items()
              if name == "goodput_replica_tokens_per_request"}
     return model, kinds["prompt"], kinds["output"]
+
+
+# The SLO the run's sidecar judges by (one class), and the forecaster plans for.
+SLO = Slo(ttft_s=3.0, tpot_s=0.5, ratio=0.99)
+
+
+def planned_capacity(text: str) -> dict | None:
+    """The per-replica capacity a forecaster's /metrics page says it plans with
+    (`goodput_replica_capacity_requests_per_second`) and where it came from
+    (`goodput_replica_capacity_info{source}`: service-model, throughput, prior, configured)."""
+    samples = promtext.parse(text)
+    rps = samples.get(("goodput_replica_capacity_requests_per_second", ()))
+    if rps is None:
+        return None
+    source = next((dict(labels).get("source") for (name, labels) in samples
+                   if name == "goodput_replica_capacity_info"), None)
+    return {"rps": rps, "source": source, "read": "live"}
 
 
 def engine_dtype(text: str) -> str | None:
@@ -127,12 +144,14 @@ def main(argv=None) -> int:
         p_mean, o_mean = saved["mix_means"] if len(saved["mix_means"]) == 2 else (args.input_tokens, args.output_tokens)
         model = ServiceModel(**saved["learned"])
         if args.relearn:
-            model, (p_mean, o_mean) = relearn(Path(args.relearn), model)
+            model, (p_mean, o_mean), planned = relearn(Path(args.relearn), model)
+        else:
+            planned = saved.get("planned_capacity")
         return _report(args, out, model, p_mean, o_mean, points,
-                       saved["load_average"], saved.get("engine_dtype"), repredicted=True)
+                       saved["load_average"], saved.get("engine_dtype"), planned, repredicted=True)
     work = Path(tempfile.mkdtemp(prefix="svc-accuracy-"))
     slo = work / "slo.yaml"
-    slo.write_text("classes:\n  - {name: default, ttft: 3, tpot: 0.5, objective: 0.99}\n")
+    slo.write_text(f"classes:\n  - {{name: default, ttft: {SLO.ttft_s:g}, tpot: {SLO.tpot_s:g}, objective: {SLO.ratio:g}}}\n")
     engine, sidecar, forecaster = free_port(), free_port(), free_port()
     procs = []
     try:
@@ -157,8 +176,8 @@ def main(argv=None) -> int:
                 sweep_dir = work / f"sweep-{k}"
                 cmd = goodput_command("sweep", "--url", f"http://127.0.0.1:{sidecar}", "--rates", f"{rate:g}",
                                       "--duration", f"{duration:g}", "--input-tokens", str(args.input_tokens),
-                                      "--output-tokens", str(args.output_tokens), "--slo-ttft", "3",
-                                      "--slo-tpot", "0.5", "--out", str(sweep_dir), "--quiet", "--seed", str(k))
+                                      "--output-tokens", str(args.output_tokens), "--slo-ttft", f"{SLO.ttft_s:g}",
+                                      "--slo-tpot", f"{SLO.tpot_s:g}", "--out", str(sweep_dir), "--quiet", "--seed", str(k))
                 if k:
                     cmd.append("--no-warmup")
                 print(f"rate {rate:g} req/s for {duration:.0f} s", flush=True)
@@ -178,7 +197,7 @@ def main(argv=None) -> int:
                "measured": {"ttft p50": point["ttft"]["p50"], "ttft p99": point["ttft"]["p99"],
                             "tpot p50": point["tpot"]["p50"], "tpot p99": point["tpot"]["p99"]}}
               for point in sweep_points]
-    return _report(args, out, model, p_mean, o_mean, points, os.getloadavg(), dtype)
+    return _report(args, out, model, p_mean, o_mean, points, os.getloadavg(), dtype, planned_capacity(text))
 
 
 class _Recorder(threading.Thread):
@@ -205,9 +224,10 @@ class _Recorder(threading.Thread):
         self.join(timeout=30)
 
 
-def relearn(path: Path, saved: ServiceModel) -> tuple[ServiceModel, tuple[float, float]]:
+def relearn(path: Path, saved: ServiceModel) -> tuple[ServiceModel, tuple[float, float], dict]:
     """Replay recorded sidecar scrapes through the forecaster's policy (scrape parsing, per-step
-    observations, the online learner) and return the model it learns and the mix means."""
+    observations, the online learner) and return the model it learns, the mix means and the
+    capacity the policy would plan with at the end (as `planned_capacity` reads it live)."""
     from forecaster.policy import ForecastPolicy, PolicyConfig
     from forecaster.sources.scrape import ScrapeSource
 
@@ -233,7 +253,8 @@ def relearn(path: Path, saved: ServiceModel) -> tuple[ServiceModel, tuple[float,
     model = ServiceModel(**{**model.to_dict(), "max_batch": saved.max_batch, "step_token_budget": saved.step_token_budget,
                             "name": "relearned"})
     print(f"relearned from {len(pages)} scrapes: {_describe(model)}")
-    return model, policy.service.mix_means()
+    return model, policy.service.mix_means(), {"rps": policy.capacity_rps, "source": policy.capacity_source,
+                                               "read": "replayed"}
 
 
 def _describe(model: ServiceModel) -> str:
@@ -258,7 +279,7 @@ def sample_p99_range(pred, n: int, draws: int = 2000, seed: int = 5) -> dict:
 
 
 def _report(args, out: Path, model: ServiceModel, p_mean: float, o_mean: float, points: list, load,
-            dtype: str | None, repredicted: bool = False) -> int:
+            dtype: str | None, planned: dict | None = None, repredicted: bool = False) -> int:
     mixes = {"sweep mix": TokenMix(np.full(4000, float(args.input_tokens)), np.full(4000, float(args.output_tokens))),
              "assumed mix": TokenMix.from_means(p_mean, o_mean)}
     rows, errors = [], {name: [] for name in mixes}
@@ -282,12 +303,19 @@ def _report(args, out: Path, model: ServiceModel, p_mean: float, o_mean: float, 
                 if m:
                     errors[name].append(abs(v - m) / m)
         rows.append(row)
+    # What one replica serves within the SLO: what the forecaster planned on (the step's slope at
+    # its band's steep end, floored at what the replica was seen to serve), and the mean model.
+    model_capacity = model.slo_capacity_rps(mixes["sweep mix"], [SLO])
     doc = {"model": args.model, "engine_dtype": dtype, "learned": model.to_dict(), "mix_means": [p_mean, o_mean], "rows": rows,
            "max_error": {k: max(v) if v else None for k, v in errors.items()},
+           "planned_capacity": planned, "model_capacity_rps": model_capacity,
            "load_average": list(load), "repredicted": repredicted}
     (out / f"{args.model}_accuracy.json").write_text(json.dumps(doc, indent=2, default=float) + "\n")
     lines = [f"engine dtype: {dtype or 'not recorded'}", "",
              f"learned: {_describe(model)}; mix {p_mean:.0f}/{o_mean:.0f} tokens",
+             "capacity within the SLO: " + (f"the forecaster planned on {planned['rps']:.2f} req/s ({planned['source']}, {planned['read']}), "
+                                            if planned else "the forecaster's plan not recorded; ")
+             + f"the mean model serves {model_capacity:.2f} req/s of the sweep's mix",
              "",
              "| rate req/s | offered req/s | requests | attainment | TTFT p50 meas / pred | TTFT p99 meas / pred | "
              "TPOT p50 meas / pred | TPOT p99 meas / pred |", "|---|---|---|---|---|---|---|---|"]

@@ -275,6 +275,10 @@ def test_the_learned_model_its_forecasts_and_their_scores_are_exported(azure_mix
                                                   ("slo_class", "default")))] == d.ttft_s["default"][1]
     assert got[("goodput_replica_prefill_tokens_per_second", (("bound", "mean"),))] == pytest.approx(
         d.service.model.prefill_tokens_per_s)
+    # The accuracy script reads the capacity planned on from this page.
+    assert _accuracy_script().planned_capacity(generate_latest(registry).decode()) == {
+        "rps": pytest.approx(d.capacity_rps), "source": "service-model", "read": "live"}
+    assert _accuracy_script().planned_capacity(generate_latest(CollectorRegistry()).decode()) is None
     # Scored live: arrival-rate forecasts one horizon later, with their coverage.
     assert runner.scorer.scores["arrival_rate"].num_scored > 50
     assert 0.0 <= got[("goodput_forecast_error_upper_coverage_ratio", (("horizon_seconds", "30"),
@@ -410,8 +414,12 @@ def test_the_accuracy_script_relearns_from_recorded_scrapes(tmp_path):
         fake.stop()
     saved = ServiceModel(prefill_tokens_per_s=1.0, decode_base_s=1.0, decode_per_seq_s=0.0, kv_capacity_tokens=1e6,
                          max_batch=64, step_token_budget=1 << 30)
-    model, (p_mean, o_mean) = accuracy.relearn(path, saved)
+    model, (p_mean, o_mean), planned = accuracy.relearn(path, saved)
     assert (p_mean, o_mean) == (pytest.approx(100.0), pytest.approx(10.0))
+    # And the capacity the replayed policy would plan with: this fake sidecar announces no SLO
+    # (no goodput_slo_target_seconds), so there is nothing to plan the model against, and the
+    # policy says its capacity is still the prior's.
+    assert planned["source"] == "prior" and planned["rps"] > 0 and planned["read"] == "replayed"
     assert model.max_batch == 64 and model.step_token_budget == 1 << 30   # as the run reads them
     # 50 iterations a 5-s step generating 100 tokens: a batch of 2 at 0.1 s an iteration, less the
     # prompts' share of the engine (1,000 tokens at the learned rate).
