@@ -4,8 +4,9 @@ what a `goodput sweep` measures at five offered loads.
 Starts the engine, the sidecar (SLO TTFT 3 s / TPOT 0.5 s) and the forecaster (scraping the
 sidecar, nothing configured but what the sidecar announces), runs the sweep through the sidecar,
 then reads the forecaster's learned parameters (goodput_replica_*) and the capacity it plans on,
-and predicts TTFT and TPOT p50/p99 at each swept rate (the rate each sweep offered) with them: once with the sweep's actual token mix, once with the mix
-the forecaster assumes from the counters alone (exponential lengths around the observed means).
+and predicts TTFT and TPOT p50/p99 at each swept rate (the rate each sweep offered) with them:
+once with the sweep's actual token mix, once with the mix the forecaster assumes from the
+counters alone (exponential lengths around the observed means).
 
     python scripts/service_model_accuracy.py --model smollm2 --rates 0.5,1,1.5,2,2.5 --duration 60
 
