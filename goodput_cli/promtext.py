@@ -27,6 +27,11 @@ def total(samples: Samples, name: str, **match: str) -> float:
                if n == name and all(dict(labels).get(k) == val for k, val in match.items()) and not math.isnan(v))
 
 
+def label_of(samples: Samples, name: str, label: str) -> str | None:
+    """`label`'s value on the first series of `name` (an info metric: its labels are its value)."""
+    return next((dict(labels).get(label) for (n, labels) in samples if n == name), None)
+
+
 def histogram_quantile(samples: Samples, name: str, q: float) -> float | None:
     """PromQL's histogram_quantile over the sum of all series of histogram `name` (linear within a bucket)."""
     buckets: dict[float, float] = {}

@@ -85,15 +85,13 @@ def planned_capacity(text: str) -> dict | None:
     rps = samples.get(("goodput_replica_capacity_requests_per_second", ()))
     if rps is None:
         return None
-    source = next((dict(labels).get("source") for (name, labels) in samples
-                   if name == "goodput_replica_capacity_info"), None)
-    return {"rps": rps, "source": source, "read": "live"}
+    return {"rps": rps, "source": promtext.label_of(samples, "goodput_replica_capacity_info", "source"),
+            "read": "live"}
 
 
 def engine_dtype(text: str) -> str | None:
     """The dtype the engine computes in, from its /metrics page (`goodput:engine_dtype_info`)."""
-    return next((dict(labels).get("dtype") for (name, labels) in promtext.parse(text)
-                 if name == "goodput:engine_dtype_info"), None)
+    return promtext.label_of(promtext.parse(text), "goodput:engine_dtype_info", "dtype")
 
 
 def rate_durations(rates: str, duration: float, min_requests: int) -> list[tuple[float, float]]:
