@@ -117,11 +117,9 @@ def build_workload(args, rate: float | None = None, count: int | None = None, du
         count = max(1, round(rate * duration))
     count = count or args.num_requests
     try:
-        times = (workload.poisson_arrivals(rate, count, args.seed) if args.cv == 1.0
-                 else workload.gamma_arrivals(rate, args.cv, count, args.seed))
         # Offered at the rate asked, not at the rate the draws happened to realise: a sweep's
         # points sit at their rates, and its knee is read at the load that was offered.
-        times = workload.at_exact_rate(times, rate)
+        times = workload.arrivals(rate, count, args.seed, args.cv)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     kind = "Poisson" if args.cv == 1.0 else f"Gamma CV {args.cv}"

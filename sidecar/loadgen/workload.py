@@ -63,6 +63,13 @@ def at_exact_rate(times: np.ndarray, rate: float) -> np.ndarray:
     return times * (len(times) / rate / times[-1])
 
 
+def arrivals(rate: float, count: int, seed: int = 0, cv: float = 1.0) -> np.ndarray:
+    """A synthetic schedule as the load generator and the demo's calibration send it: Poisson
+    (cv 1) or Gamma gaps, offering exactly `rate` (`at_exact_rate`)."""
+    times = poisson_arrivals(rate, count, seed) if cv == 1.0 else gamma_arrivals(rate, cv, count, seed)
+    return at_exact_rate(times, rate)
+
+
 def gamma_arrivals(rate: float, cv: float, count: int, seed: int = 0) -> np.ndarray:
     """Arrival times with Gamma-distributed gaps: mean 1/rate, coefficient of variation `cv`.
 
