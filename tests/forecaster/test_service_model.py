@@ -276,9 +276,10 @@ def test_the_learned_model_its_forecasts_and_their_scores_are_exported(azure_mix
     assert got[("goodput_replica_prefill_tokens_per_second", (("bound", "mean"),))] == pytest.approx(
         d.service.model.prefill_tokens_per_s)
     # The accuracy script reads the capacity planned on from this page.
-    assert _accuracy_script().planned_capacity(generate_latest(registry).decode()) == {
+    accuracy = _accuracy_script()
+    assert accuracy.planned_capacity(generate_latest(registry).decode()) == {
         "rps": pytest.approx(d.capacity_rps), "source": "service-model", "read": "live"}
-    assert _accuracy_script().planned_capacity(generate_latest(CollectorRegistry()).decode()) is None
+    assert accuracy.planned_capacity(generate_latest(CollectorRegistry()).decode()) is None
     # Scored live: arrival-rate forecasts one horizon later, with their coverage.
     assert runner.scorer.scores["arrival_rate"].num_scored > 50
     assert 0.0 <= got[("goodput_forecast_error_upper_coverage_ratio", (("horizon_seconds", "30"),
