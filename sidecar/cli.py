@@ -49,8 +49,9 @@ def register(registry) -> None:
     b.add_argument("--repeats", type=int, default=3, help="interleaved repeats of every arm (default 3)")
     b.add_argument("--scenarios", default="paced16,paced64,requests,sparse,fast64",
                    help="comma-separated, of paced16, paced64, requests, sparse, fast64 (default: all)")
-    b.add_argument("--arms", default="direct,relay,sidecar,litellm",
-                   help="comma-separated, of direct, relay, sidecar, sidecar-aiohttp (the sidecar on aiohttp's HTTP "
+    b.add_argument("--arms", default="direct,direct-again,relay,sidecar,litellm",
+                   help="comma-separated, of direct, direct-again (the direct path again, as an arm: the method's "
+                        "own floor), relay, sidecar, sidecar-aiohttp (the sidecar on aiohttp's HTTP "
                         "server), sidecar-otlp (the sidecar exporting spans and metrics over OTLP/HTTP to a local "
                         "receiver), litellm (default: all but sidecar-aiohttp and sidecar-otlp; direct is required). "
                         "litellm is installed on first use into $GOODPUT_CACHE/litellm-venv")

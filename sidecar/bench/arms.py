@@ -1,7 +1,8 @@
 """The processes of `goodput bench sidecar`: the scripted upstream and the arms in front of it.
 
-Arms: `direct` (the client talks to the upstream), `relay` (`bare_relay.py`, bytes only: the
-floor for a Python relay), `sidecar` (`goodput sidecar run`, default settings: engine-metrics
+Arms: `direct` (the client talks to the upstream), `direct-again` (the same, run again as if it
+were an arm: an A/A control, whose "added" latency is the method's own floor on this machine),
+`relay` (`bare_relay.py`, bytes only: the floor for a Python relay), `sidecar` (`goodput sidecar run`, default settings: engine-metrics
 scrape on, every metric recorded) and `litellm` (LiteLLM's proxy, the gateway a Python user
 would otherwise pick; see `litellm_arm.py`). Every one is its own process, so the kernel's CPU
 accounting (psutil, children included) tells what each costs, and each is pinned to cores
@@ -22,10 +23,11 @@ import psutil
 
 from goodput_cli.procs import ServerProcess
 
+# direct-again: the direct path measured again as an arm (A/A): what "added" reads when nothing is added.
 # sidecar-aiohttp: the sidecar on aiohttp's HTTP server (--http-server aiohttp), to compare the servers.
 # sidecar-otlp: the sidecar exporting its spans and GenAI metrics over OTLP/HTTP (to `otlp_sink.py`),
 # to measure what exporting costs.
-ARMS = ("direct", "relay", "sidecar", "sidecar-aiohttp", "sidecar-otlp", "litellm")
+ARMS = ("direct", "direct-again", "relay", "sidecar", "sidecar-aiohttp", "sidecar-otlp", "litellm")
 
 
 def free_port() -> int:
@@ -193,6 +195,8 @@ def start_stack(ttft: float, itl: float, plan: CorePlan, arms: tuple[str, ...], 
     upstream = Proc("scripted upstream", up_args, f"http://127.0.0.1:{up_port}/health", plan.load)
     up_url = f"http://127.0.0.1:{up_port}"
     stack = Stack(upstream, {"direct": up_url}, {"direct": None}, {})
+    if "direct-again" in arms:
+        stack.urls["direct-again"], stack.procs["direct-again"] = up_url, None
     try:
         if "relay" in arms:
             port = free_port()

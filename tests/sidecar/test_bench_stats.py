@@ -65,6 +65,26 @@ def test_summary_added_ttft_is_per_request_and_cpu_ratio_is_against_the_relay():
     assert doc["targets"]["paced16: sidecar CPU per token / relay's"]["met"] is False
 
 
+def test_the_direct_path_run_again_is_the_methods_floor_beside_each_latency_target():
+    from sidecar.bench.report import verdict
+
+    direct = [0.020 + 0.001 * (i % 7) for i in range(200)]
+    # The second direct run of the same schedule: every request 1.5 ms later (say, timer jitter), once in 100.
+    again = [t + (0.0015 if i % 100 == 0 else 0.0) for i, t in enumerate(direct)]
+    runs = [_run("direct", 0, direct), _run("direct-again", 0, again),
+            _run("sidecar", 0, [t + 0.0002 for t in direct], cpu=0.009)]
+    doc = summarise(runs, {}, {}, {}, CorePlan((0,), (1,)).describe())
+    a = doc["results"]["paced16"]["direct-again"]
+    assert a["cpu_us_per_request"] is None and a["cpu_us_per_token"] is None   # no process of its own
+    assert a["added_ttft_p50_ms"] == 0.0 and a["added_ttft_p99_ms"] > 0.0
+    p99 = doc["targets"]["paced16: sidecar added TTFT p99 ms"]
+    assert p99["floor"]["value"] == a["added_ttft_p99_ms"]
+    assert "the method's floor, direct against direct: " in verdict(p99)
+    # Without the control arm, no floor is claimed.
+    doc = summarise([runs[0], runs[2]], {}, {}, {}, CorePlan((0,), (1,)).describe())
+    assert "floor" not in doc["targets"]["paced16: sidecar added TTFT p99 ms"]
+
+
 def test_a_target_whose_interval_reaches_across_it_is_not_settled():
     from sidecar.bench.report import _check, verdict
 
