@@ -315,6 +315,21 @@ def test_poisson_noise_at_a_few_requests_a_step_is_no_burst():
     assert burst_floor(y, 0.6, 5.0, 30.0, 1, 0.99) > 1
 
 
+def test_poisson_noise_in_any_of_the_memorys_windows_is_no_burst():
+    # Pure Poisson arrivals at a steady rate, five cold starts of 15-s (or 5-s) steps: one window's
+    # 99 % quantile is crossed by chance somewhere in 60 (or 180) windows, and with one window's
+    # threshold two such crossings read as recurring bursts in 25 (40 req/s) and 104 (200 req/s,
+    # 5-s steps) of these 200 memories, each asking for a floor of replicas over the level.
+    for rate, step in ((40.0, 15.0), (200.0, 5.0)):
+        for seed in range(200):
+            y = np.random.default_rng(seed).poisson(rate * step, int(5 * 180.0 / step)) / step
+            assert burst_floor(y, rate / 8, step, 180.0, 1, 0.99) == 0, (rate, seed)
+    # A burst of half the level again, twice in the memory, still stands out (12 standard deviations).
+    y = np.random.default_rng(1).poisson(40.0 * 15, 60) / 15.0
+    y[[30, 50]] = 60.0
+    assert burst_floor(y, 5.0, 15.0, 180.0, 1, 0.99) > 8
+
+
 def test_the_burst_floor_spends_the_error_budget_on_the_excess():
     # 95 steps at 10 req/s and 5 at 50: covering 99 % of the requests per step would leave the
     # five burst steps (21 % of the requests) uncovered at 10 replicas; leaving at most 1 % of
