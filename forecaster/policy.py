@@ -363,7 +363,15 @@ class ForecastPolicy:
         current = self._ready_profile(ready, starting, 0, H)
         q_mean = self.fluid_queue(q0, mean_ext[:H], current)[-1]
         q_upper = self.fluid_queue(q0, cumulative_upper(mean_ext[:H], upper_ext[:H]), current)[-1]
-        lam_upper = cumulative_upper(mean_ext, upper_ext)
+        # The queue term's bound on arrivals: with the service model's capacity, which prices the
+        # queueing of Poisson arrivals at the rate, the per-step bounds' Poisson part is taken out
+        # in quadrature, as for the demand term (demand_spread).
+        if priced:
+            noise = np.array([window.poisson_spread(m, cfg.step_seconds) for m in mean_ext])
+            half = np.sqrt(np.maximum(0.0, (upper_ext - mean_ext) ** 2 - noise ** 2))
+            lam_upper = cumulative_upper(mean_ext, mean_ext + half)
+        else:
+            lam_upper = cumulative_upper(mean_ext, upper_ext)
         fluid_n = cfg.max_replicas
         for n in range(max(cfg.min_replicas, 0), cfg.max_replicas + 1):
             profile = self._ready_profile(min(ready, n), min(starting, max(0, n - ready)),
