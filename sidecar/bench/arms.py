@@ -2,11 +2,12 @@
 
 Arms: `direct` (the client talks to the upstream), `direct-again` (the same, run again as if it
 were an arm: an A/A control, whose "added" latency is the method's own floor on this machine),
-`relay` (`bare_relay.py`, bytes only: the floor for a Python relay), `sidecar` (`goodput sidecar run`, default settings: engine-metrics
-scrape on, every metric recorded) and `litellm` (LiteLLM's proxy, the gateway a Python user
-would otherwise pick; see `litellm_arm.py`). Every one is its own process, so the kernel's CPU
-accounting (psutil, children included) tells what each costs, and each is pinned to cores
-(`CorePlan`) where the machine has more than one.
+`relay` (`bare_relay.py`, bytes only: the floor for a Python relay), `sidecar` (`goodput sidecar
+run`, default settings: engine-metrics scrape on, every metric recorded) and `litellm`
+(LiteLLM's proxy, the gateway a Python user would otherwise pick; see `litellm_arm.py`). Every
+one but the two direct ones is its own process, so the kernel's CPU accounting (psutil, children
+included) tells what each costs, and each is pinned to cores (`CorePlan`) where the machine has
+more than one.
 """
 
 from __future__ import annotations
