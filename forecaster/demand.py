@@ -58,9 +58,10 @@ class DemandWindow:
         self._made_at: int | None = None
         self._z = float(ndtri(level))
 
-    def poisson_spread(self, mean_rate: float, seconds: float) -> float:
-        """The `level` quantile's distance from the mean of a Poisson rate's mean over `seconds`."""
-        return self._z * math.sqrt(max(0.0, mean_rate) / seconds) if seconds > 0 else 0.0
+    def poisson_spread(self, mean_rate, seconds: float):
+        """The `level` quantile's distance from the mean of a Poisson rate's mean over `seconds`
+        (a rate, or an array of them)."""
+        return self._z * np.sqrt(np.maximum(0.0, mean_rate) / seconds) if seconds > 0 else 0.0 * mean_rate
 
     def record(self, made_at: int, first: int, last: int, estimates: dict) -> None:
         """Estimates {name: mean}, made at step `made_at`, of the mean rate over steps first..last."""
@@ -114,8 +115,14 @@ def demand_spread(half_widths: np.ndarray, poisson: float, priced: bool) -> floa
     widths = np.asarray(half_widths, dtype=float)
     quad = float(np.sqrt(np.sum(widths * widths))) / max(1, len(widths))
     if priced:
-        return math.sqrt(max(0.0, quad * quad - poisson * poisson))
+        return float(without_poisson(quad, poisson))
     return max(quad, poisson)
+
+
+def without_poisson(half_width, poisson):
+    """A bound's half-width less, in quadrature, the Poisson noise of a count about its rate
+    (scalars or arrays): the rate's own uncertainty, where the service model prices the noise."""
+    return np.sqrt(np.maximum(0.0, np.square(half_width) - np.square(poisson)))
 
 
 def rate_lower_bound(rates: np.ndarray, step_s: float, confidence: float) -> float:
@@ -131,4 +138,4 @@ def rate_lower_bound(rates: np.ndarray, step_s: float, confidence: float) -> flo
     return float(gammaincinv(n, 1.0 - confidence)) / span
 
 
-__all__ = ["DemandWindow", "cumulative_upper", "demand_spread", "rate_lower_bound"]
+__all__ = ["DemandWindow", "cumulative_upper", "demand_spread", "rate_lower_bound", "without_poisson"]

@@ -26,7 +26,7 @@ import numpy as np
 
 from forecaster.bursts import burst_floor
 from forecaster.capacity import OnlineCapacity
-from forecaster.demand import DemandWindow, cumulative_upper, demand_spread, rate_lower_bound
+from forecaster.demand import DemandWindow, cumulative_upper, demand_spread, rate_lower_bound, without_poisson
 from forecaster.fleet_sample import FleetSample, delta, step_observation
 from forecaster.models import Model, make_model
 from forecaster.selection import ModelSelector
@@ -364,14 +364,11 @@ class ForecastPolicy:
         q_mean = self.fluid_queue(q0, mean_ext[:H], current)[-1]
         q_upper = self.fluid_queue(q0, cumulative_upper(mean_ext[:H], upper_ext[:H]), current)[-1]
         # The queue term's bound on arrivals: with the service model's capacity, which prices the
-        # queueing of Poisson arrivals at the rate, the per-step bounds' Poisson part is taken out
-        # in quadrature, as for the demand term (demand_spread).
-        if priced:
-            noise = np.array([window.poisson_spread(m, cfg.step_seconds) for m in mean_ext])
-            half = np.sqrt(np.maximum(0.0, (upper_ext - mean_ext) ** 2 - noise ** 2))
-            lam_upper = cumulative_upper(mean_ext, mean_ext + half)
-        else:
-            lam_upper = cumulative_upper(mean_ext, upper_ext)
+        # queueing of Poisson arrivals at the rate, each step's bound net of its Poisson part, as
+        # the demand term's (demand_spread).
+        noise = window.poisson_spread(mean_ext, cfg.step_seconds)
+        step_upper = mean_ext + without_poisson(upper_ext - mean_ext, noise) if priced else upper_ext
+        lam_upper = cumulative_upper(mean_ext, step_upper)
         fluid_n = cfg.max_replicas
         for n in range(max(cfg.min_replicas, 0), cfg.max_replicas + 1):
             profile = self._ready_profile(min(ready, n), min(starting, max(0, n - ready)),

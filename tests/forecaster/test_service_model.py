@@ -208,10 +208,10 @@ def test_overload_that_shows_only_as_tpot_raises_desired_replicas():
 def test_at_half_load_the_queue_term_does_not_plan_for_poisson_noise_twice():
     # Half a decode-bound replica's capacity, 1.4 requests a 5-s step. The forecast's per-step
     # bounds are calibrated on counted arrivals, so they hold the Poisson noise of a count; the
-    # fluid queue at those bounds grew a few requests in most minutes and, with no queue allowed,
-    # asked for a second replica in 9 of this run's 35 decisions after the first two minutes,
-    # while the service model's capacity already prices Poisson arrivals' queueing (as the demand
-    # term's bound does, demand_spread). Its Poisson part is now taken out in quadrature.
+    # fluid queue at those bounds, with no queue allowed, asked for a second replica in 9 of this
+    # run's 37 decisions after the first two minutes, while the service model's capacity already
+    # prices Poisson arrivals' queueing. Its Poisson part is now taken out in quadrature, as the
+    # demand term's bound takes it out (demand.without_poisson).
     profile = _decode_bound_profile()
     mix = TokenMix.from_means(100.0, 100.0)
     cap = profile.slo_capacity_rps(mix, [profile.slo])
