@@ -47,8 +47,9 @@ def register(registry) -> None:
     b.add_argument("--json", type=Path, help="write the results (and every run's per-request data) as JSON to this file")
     b.add_argument("--duration", type=float, default=10.0, help="seconds of arrivals per measured run (default 10)")
     b.add_argument("--repeats", type=int, default=3, help="interleaved repeats of every arm (default 3)")
-    b.add_argument("--scenarios", default="paced16,paced64,requests,sparse,fast64",
-                   help="comma-separated, of paced16, paced64, requests, sparse, fast64 (default: all)")
+    b.add_argument("--scenarios", default="paced16,paced64,requests,requests2k,sparse,fast64",
+                   help="comma-separated, of paced16, paced64, requests, requests2k (one-token requests with "
+                        "2,048-token prompts), sparse, fast64 (default: all)")
     b.add_argument("--arms", default="direct,direct-again,relay,sidecar,litellm",
                    help="comma-separated, of direct, direct-again (the direct path again, as an arm: the method's "
                         "own floor), relay, sidecar, sidecar-aiohttp (the sidecar on aiohttp's HTTP "

@@ -41,11 +41,42 @@ def poisson_schedule(rate: float, duration: float, seed: int) -> list[float]:
         out.append(t)
 
 
+_WORDS = ("def", "return", "self", "value", "result", "items", "index", "config", "request", "for", "in",
+          "if", "else", "None", "import", "from", "class", "count", "total", "data", "await", "async", "with")
+
+
+def prompt_text(tokens: int, seed: int) -> str:
+    """About `tokens` tokens (4 characters each, English BPE's average) of code-like lines, the
+    same for the same seed: the Azure code trace's prompts are code, 2,048 tokens on average."""
+    rng = random.Random(seed)
+    lines, chars = [], 0
+    while chars < 4 * tokens:
+        line = "    " * rng.randint(0, 3) + " ".join(rng.choice(_WORDS) for _ in range(rng.randint(2, 10)))
+        lines.append(line)
+        chars += len(line) + 1
+    return "\n".join(lines)
+
+
+def request_bodies(tokens: int, prompt_tokens: int, variants: int = 64) -> list[bytes]:
+    """The chat request bodies the client cycles through. With `prompt_tokens` 0, one body whose
+    prompt is one word; otherwise a system prompt every request shares (three quarters of the
+    tokens, as an application's instructions) and a user message of its own (the rest), in
+    `variants` bodies, so the sidecar parses, relays and analyses a prompt of that size."""
+    def body(messages: list[dict]) -> bytes:
+        return json.dumps({"model": "scripted", "stream": True, "max_tokens": tokens, "messages": messages}).encode()
+
+    if prompt_tokens <= 0:
+        return [body([{"role": "user", "content": "benchmark"}])]
+    system = prompt_text(prompt_tokens * 3 // 4, seed=0)
+    return [body([{"role": "system", "content": system},
+                  {"role": "user", "content": prompt_text(prompt_tokens - prompt_tokens * 3 // 4, seed=1 + i)}])
+            for i in range(variants)]
+
+
 class Client:
-    def __init__(self, url: str, tokens: int, api_key: str = ""):
+    def __init__(self, url: str, tokens: int, api_key: str = "", prompt_tokens: int = 0):
         self.pool = UpstreamPool(url, connect_timeout=10.0, read_timeout=60.0, max_idle=1024)
-        self.body = json.dumps({"model": "scripted", "stream": True, "max_tokens": tokens,
-                                "messages": [{"role": "user", "content": "benchmark"}]}).encode()
+        self.bodies = request_bodies(tokens, prompt_tokens)
         self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         if api_key:
             self.headers["Authorization"] = f"Bearer {api_key}"
@@ -61,7 +92,8 @@ class Client:
         conn = None
         ok, why = False, None
         try:
-            conn = await self.pool.request("POST", "/v1/chat/completions", self.headers, self.body)
+            body = self.bodies[index % len(self.bodies)]
+            conn = await self.pool.request("POST", "/v1/chat/completions", self.headers, body)
             if conn.head.status != 200:
                 body = await conn.read_body()
                 why = f"HTTP {conn.head.status}: {body[:200].decode(errors='replace')}"
@@ -85,8 +117,8 @@ class Client:
 
 
 async def open_loop(url: str, rate: float, duration: float, seed: int, tokens: int, grace: float,
-                    api_key: str = "") -> dict:
-    client = Client(url, tokens, api_key)
+                    api_key: str = "", prompt_tokens: int = 0) -> dict:
+    client = Client(url, tokens, api_key, prompt_tokens)
     schedule = poisson_schedule(rate, duration, seed)
     tasks: list[asyncio.Task] = []
     worst_lag = 0.0
@@ -112,8 +144,9 @@ async def open_loop(url: str, rate: float, duration: float, seed: int, tokens: i
             "worst_send_lag_s": worst_lag, "elapsed": elapsed}
 
 
-async def closed_loop(url: str, concurrency: int, duration: float, tokens: int, api_key: str = "") -> dict:
-    client = Client(url, tokens, api_key)
+async def closed_loop(url: str, concurrency: int, duration: float, tokens: int, api_key: str = "",
+                      prompt_tokens: int = 0) -> dict:
+    client = Client(url, tokens, api_key, prompt_tokens)
     begin = _clock()
     deadline = begin + duration
     counter = iter(range(1 << 30))
@@ -139,13 +172,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--duration", type=float, default=5.0)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--api-key", default="", help="sent as a bearer token (LiteLLM's proxy wants one)")
+    p.add_argument("--prompt-tokens", type=int, default=0,
+                   help="prompt size in tokens (about 4 characters each; 0 = a one-word prompt)")
     args = p.parse_args(argv)
+    if args.prompt_tokens < 0:
+        sys.exit(f"--prompt-tokens must be >= 0, got {args.prompt_tokens}")
     from sidecar.eventloop import new_event_loop
     url = args.url.rstrip("/")
     if args.rate > 0:
-        coro = open_loop(url, args.rate, args.duration, args.seed, args.tokens, args.grace, args.api_key)
+        coro = open_loop(url, args.rate, args.duration, args.seed, args.tokens, args.grace, args.api_key,
+                         args.prompt_tokens)
     elif args.concurrency > 0:
-        coro = closed_loop(url, args.concurrency, args.duration, args.tokens, args.api_key)
+        coro = closed_loop(url, args.concurrency, args.duration, args.tokens, args.api_key, args.prompt_tokens)
     else:
         sys.exit("give --rate (open loop) or --concurrency (closed loop)")
     with asyncio.Runner(loop_factory=new_event_loop) as runner:

@@ -13,7 +13,9 @@ shared upstream to have nothing in flight: a saturated proxy keeps forwarding it
 after its client gave up (LiteLLM's did for minutes, and every run after it timed out connecting).
 
 Scenarios (`SCENARIOS`): paced streams (a token every 20 ms, as a GPU decoding a batch) at 16
-and 64 concurrent streams; one-token requests for the CPU cost per request; the sparse pattern
+and 64 concurrent streams; one-token requests for the CPU cost per request, with a one-word
+prompt and with 2,048-token prompts (what grows with the prompt: parsing, relaying and the
+prompt-layout advice); the sparse pattern
 (256 streams at a token every 100 ms: every token its own read and write, the wake-up pattern
 of hundreds of streams on a GPU replica); and the fast upstream (tokens as fast as its loop
 allows), closed loop at 64 streams, for the token rate each arm sustains.
@@ -45,6 +47,7 @@ class Scenario:
     streams: int           # concurrent streams wanted
     closed: bool = False   # closed loop (token rate) instead of open-loop arrivals
     description: str = ""
+    prompt_tokens: int = 0  # the request's prompt, in tokens of code-like text (0: one word)
 
     @property
     def stream_seconds(self) -> float:
@@ -60,6 +63,8 @@ SCENARIOS = {s.name: s for s in (
     Scenario("paced16", 0.02, 0.02, 32, 16, description="16 paced streams, open loop: 32 tokens at 20 ms"),
     Scenario("paced64", 0.02, 0.02, 32, 64, description="64 paced streams, open loop: 32 tokens at 20 ms"),
     Scenario("requests", 0.02, 0.02, 1, 1, description="one-token requests, open loop at 50/s: CPU per request"),
+    Scenario("requests2k", 0.02, 0.02, 1, 1, prompt_tokens=2048,
+             description="the same with 2,048-token prompts (the Azure code trace's mean): CPU per request"),
     Scenario("sparse", 0.02, 0.1, 64, 256, description="sparse: 256 streams, a token every 100 ms, each its own read"),
     Scenario("fast64", 0.0, 0.0, 64, 64, closed=True, description="fast upstream, 64 streams closed loop: token rate"),
 )}
@@ -67,7 +72,7 @@ _REQUESTS_RATE = 50.0
 
 
 def _rate(sc: Scenario) -> float:
-    return _REQUESTS_RATE if sc.name == "requests" else sc.rate
+    return _REQUESTS_RATE if sc.name.startswith("requests") else sc.rate
 
 
 # Sent to every arm alike (LiteLLM's proxy refuses to start without a strong master key).
@@ -76,7 +81,7 @@ _API_KEY = "sk-goodput-bench-" + secrets.token_hex(16)
 
 def _client_argv(url: str, sc: Scenario, duration: float, seed: int) -> list[str]:
     argv = [sys.executable, "-m", "sidecar.bench.client", "--url", url, "--tokens", str(sc.tokens),
-            "--duration", str(duration), "--api-key", _API_KEY]
+            "--duration", str(duration), "--api-key", _API_KEY, "--prompt-tokens", str(sc.prompt_tokens)]
     if sc.closed:
         return argv + ["--concurrency", str(sc.streams)]
     return argv + ["--rate", f"{_rate(sc):.6g}", "--seed", str(seed), "--grace", str(max(10.0, 3 * sc.stream_seconds))]

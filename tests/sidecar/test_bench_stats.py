@@ -266,3 +266,39 @@ def test_the_otlp_arm_exports_every_span_to_the_benchmarks_receiver():
         stack.stop()
     assert stack.sink.proc.poll() is not None    # stopped with the stack, its last count kept
     assert stack.exported["spans"] == 5
+
+
+def test_the_prompt_scenario_sends_prompts_of_the_size_it_names():
+    import json
+
+    from sidecar.bench.client import request_bodies
+    from sidecar.bench.run import _client_argv
+
+    (one,) = request_bodies(1, 0)
+    assert json.loads(one)["messages"] == [{"role": "user", "content": "benchmark"}]
+    bodies = request_bodies(1, 2048)
+    assert bodies == request_bodies(1, 2048)       # every arm and repeat sends the same bytes
+    docs = [json.loads(b) for b in bodies]
+    systems = {d["messages"][0]["content"] for d in docs}
+    users = [d["messages"][1]["content"] for d in docs]
+    assert len(systems) == 1 and len(set(users)) == len(users)   # one shared system prompt, own user parts
+    chars = len(next(iter(systems))) + sum(map(len, users)) / len(users)
+    assert 4 * 2048 <= chars <= 4 * 2048 + 2 * 80                 # 4 characters a token, whole lines
+    sc = SCENARIOS["requests2k"]
+    argv = _client_argv("http://x", sc, 1.0, seed=1)
+    assert argv[argv.index("--prompt-tokens") + 1] == "2048" and argv[argv.index("--rate") + 1] == "50"
+    assert argv[argv.index("--tokens") + 1] == "1"
+
+
+def test_both_one_token_scenarios_are_judged_per_request():
+    runs = []
+    for name in ("requests", "requests2k"):
+        for arm, cpu in (("direct", 0.0), ("relay", 0.013), ("sidecar", 0.05)):
+            records = [[i, 0.02] for i in range(100)]
+            runs.append(Run(scenario=name, arm=arm, repeat=0, records=records, scheduled=100, errors=0,
+                            unfinished=0, tokens=100, elapsed=1.0, cpu_arm=cpu))
+    doc = summarise(runs, {}, {}, {}, CorePlan((0,), (1,)).describe())
+    for name in ("requests", "requests2k"):
+        check = doc["targets"][f"{name}: sidecar CPU per request µs"]
+        assert abs(check["value"] - 500.0) < 1e-9 and check["met"] is False     # 50 ms over 100 requests
+        assert f"{name}: sidecar CPU per token / relay's" not in doc["targets"]
