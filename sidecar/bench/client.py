@@ -95,8 +95,8 @@ class Client:
             body = self.bodies[index % len(self.bodies)]
             conn = await self.pool.request("POST", "/v1/chat/completions", self.headers, body)
             if conn.head.status != 200:
-                body = await conn.read_body()
-                why = f"HTTP {conn.head.status}: {body[:200].decode(errors='replace')}"
+                answer = await conn.read_body()
+                why = f"HTTP {conn.head.status}: {answer[:200].decode(errors='replace')}"
             else:
                 error = await conn.start_body(lambda data: feed(data, _clock()))
                 ok = error is None
