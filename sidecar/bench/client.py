@@ -49,7 +49,7 @@ def prompt_text(tokens: int, seed: int) -> str:
     """About `tokens` tokens (4 characters each, English BPE's average) of code-like lines, the
     same for the same seed: the Azure code trace's prompts are code, 2,048 tokens on average."""
     rng = random.Random(seed)
-    lines, chars = [], 0
+    lines, chars = [], -1        # the length of "\n".join(lines): one newline fewer than lines
     while chars < 4 * tokens:
         line = "    " * rng.randint(0, 3) + " ".join(rng.choice(_WORDS) for _ in range(rng.randint(2, 10)))
         lines.append(line)
