@@ -48,6 +48,7 @@ class Scenario:
     closed: bool = False   # closed loop (token rate) instead of open-loop arrivals
     description: str = ""
     prompt_tokens: int = 0  # the request's prompt, in tokens of code-like text (0: one word)
+    per_second: float | None = None   # open-loop arrivals a second; None: from `streams`
 
     @property
     def stream_seconds(self) -> float:
@@ -55,25 +56,23 @@ class Scenario:
 
     @property
     def rate(self) -> float:
-        """Arrivals per second that keep `streams` streams open on average (Little's law)."""
+        """Open-loop arrivals per second: `per_second`, else what keeps `streams` streams open on
+        average (Little's law)."""
+        if self.per_second is not None:
+            return self.per_second
         return self.streams / self.stream_seconds if self.stream_seconds > 0 else 0.0
 
 
 SCENARIOS = {s.name: s for s in (
     Scenario("paced16", 0.02, 0.02, 32, 16, description="16 paced streams, open loop: 32 tokens at 20 ms"),
     Scenario("paced64", 0.02, 0.02, 32, 64, description="64 paced streams, open loop: 32 tokens at 20 ms"),
-    Scenario("requests", 0.02, 0.02, 1, 1, description="one-token requests, open loop at 50/s: CPU per request"),
-    Scenario("requests2k", 0.02, 0.02, 1, 1, prompt_tokens=2048,
+    Scenario("requests", 0.02, 0.02, 1, 1, per_second=50.0,
+             description="one-token requests, open loop at 50/s: CPU per request"),
+    Scenario("requests2k", 0.02, 0.02, 1, 1, per_second=50.0, prompt_tokens=2048,
              description="the same with 2,048-token prompts (the Azure code trace's mean): CPU per request"),
     Scenario("sparse", 0.02, 0.1, 64, 256, description="sparse: 256 streams, a token every 100 ms, each its own read"),
     Scenario("fast64", 0.0, 0.0, 64, 64, closed=True, description="fast upstream, 64 streams closed loop: token rate"),
 )}
-_REQUESTS_RATE = 50.0
-
-
-def _rate(sc: Scenario) -> float:
-    return _REQUESTS_RATE if sc.name.startswith("requests") else sc.rate
-
 
 # Sent to every arm alike (LiteLLM's proxy refuses to start without a strong master key).
 _API_KEY = "sk-goodput-bench-" + secrets.token_hex(16)
@@ -84,7 +83,7 @@ def _client_argv(url: str, sc: Scenario, duration: float, seed: int) -> list[str
             "--duration", str(duration), "--api-key", _API_KEY, "--prompt-tokens", str(sc.prompt_tokens)]
     if sc.closed:
         return argv + ["--concurrency", str(sc.streams)]
-    return argv + ["--rate", f"{_rate(sc):.6g}", "--seed", str(seed), "--grace", str(max(10.0, 3 * sc.stream_seconds))]
+    return argv + ["--rate", f"{sc.rate:.6g}", "--seed", str(seed), "--grace", str(max(10.0, 3 * sc.stream_seconds))]
 
 
 def _measure(stack: Stack, sc: Scenario, arm: str, repeat: int, duration: float, plan: CorePlan) -> Run:
@@ -160,7 +159,7 @@ def run_benchmark(scenarios: tuple[str, ...], arms: tuple[str, ...], duration: f
                 missing.update(stack.missing)
     settings = {"duration_s": duration, "repeats": repeats, "arms": list(arms),
                 "event_loop": os.environ.get("GOODPUT_EVENT_LOOP", "auto (uvloop when importable)")}
-    described = {sc.name: {**asdict(sc), "rate_per_s": None if sc.closed else _rate(sc)} for sc in chosen}
+    described = {sc.name: {**asdict(sc), "rate_per_s": None if sc.closed else sc.rate} for sc in chosen}
     doc = summarise(runs, described, settings, missing, plan.describe())
     if "sidecar-otlp" in arms:
         doc["otlp_sink"] = exported

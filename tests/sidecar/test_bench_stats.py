@@ -23,6 +23,8 @@ def test_little_law_rates():
     # 32 tokens at 20 ms after a 20 ms first token: a stream lasts 0.64 s, so 16 streams need 25/s.
     assert abs(SCENARIOS["paced16"].rate - 25.0) < 1e-9
     assert abs(SCENARIOS["paced64"].rate - 100.0) < 1e-9
+    # One-token requests come at a rate of their own (a stream of one token lasts only its TTFT).
+    assert SCENARIOS["requests"].rate == SCENARIOS["requests2k"].rate == 50.0
 
 
 def test_paired_differences_match_by_request_index():
@@ -298,7 +300,10 @@ def test_both_one_token_scenarios_are_judged_per_request():
             records = [[i, 0.02] for i in range(100)]
             runs.append(Run(scenario=name, arm=arm, repeat=0, records=records, scheduled=100, errors=0,
                             unfinished=0, tokens=100, elapsed=1.0, cpu_arm=cpu))
-    doc = summarise(runs, {}, {}, {}, CorePlan((0,), (1,)).describe())
+    from dataclasses import asdict
+
+    described = {name: asdict(SCENARIOS[name]) for name in ("requests", "requests2k")}
+    doc = summarise(runs, described, {}, {}, CorePlan((0,), (1,)).describe())
     for name in ("requests", "requests2k"):
         check = doc["targets"][f"{name}: sidecar CPU per request µs"]
         assert abs(check["value"] - 500.0) < 1e-9 and check["met"] is False     # 50 ms over 100 requests
