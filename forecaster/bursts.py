@@ -7,10 +7,10 @@ request can wait that long, no longer, so a burst's excess cannot be spread wide
 step, the finest the forecaster sees). A burst is a run of those means above both the Poisson
 noise around their median (the highest of all the memory's windows, not of one: see burst_floor)
 and halfway from the median to the rate that the SLO's objective ratio of the *requests* arrived
-at or under (weighted by requests: a burst step carries many). With two
-or more bursts, each shorter than the cold start, the floor is the fewest replicas that leave at
-most the SLO's error budget (1 − ratio) of those requests beyond capacity. A level shift (one
-long run) or a lone burst holds nothing: the forecast follows those.
+at or under (weighted by requests: a burst step carries many). With two or more bursts, each
+shorter than the cold start, the floor is the fewest replicas that leave at most the SLO's error
+budget (1 − ratio) of those requests beyond capacity. A level shift (one long run) or a lone
+burst holds nothing: the forecast follows those.
 """
 
 from __future__ import annotations

@@ -366,8 +366,8 @@ class ForecastPolicy:
         # The queue term's bound on arrivals: with the service model's capacity, which prices the
         # queueing of Poisson arrivals at the rate, each step's bound net of its Poisson part, as
         # the demand term's (demand_spread).
-        noise = window.poisson_spread(mean_ext, cfg.step_seconds)
-        step_upper = mean_ext + without_poisson(upper_ext - mean_ext, noise) if priced else upper_ext
+        step_upper = upper_ext if not priced else \
+            mean_ext + without_poisson(upper_ext - mean_ext, window.poisson_spread(mean_ext, cfg.step_seconds))
         lam_upper = cumulative_upper(mean_ext, step_upper)
         fluid_n = cfg.max_replicas
         for n in range(max(cfg.min_replicas, 0), cfg.max_replicas + 1):
