@@ -136,6 +136,14 @@ def build():
                                        "of the rate count too; the 10-s counter is too coarse for a panel's interval), "
                                        "and the value the service model queues prompts with: read at a prompt's mean "
                                        "service time, over each forecast step."),
+        series("Router pooling (wait scale)", [
+            Query(f"max({m('goodput_replica_wait_scale')}{{state=\"learned\"}})", "learned"),
+            Query(f"max({m('goodput_replica_wait_scale')}{{state=\"planned\"}})", "planned on"),
+        ], "short", min=0, max=1, description="How much less prompts wait than in one replica's own queue: the engines' "
+                                              "queue time over the service model's, from steps with no burst in "
+                                              "memory (the upper end of its 90 % band). 1: routed at random (a "
+                                              "Kubernetes Service); below 1, a load-aware router pools the replicas' "
+                                              "queues. Capacity is planned on it only while no burst is in memory."),
         series("Engine iterations and generation", [
             Query(f"sum(rate({m('goodput_engine_steps_total')}{{{MODEL}}}[{RATE}]))", "iterations/s"),
             Query(f"sum(rate({m('goodput_engine_generation_tokens_total')}{{{MODEL}}}[{RATE}]))", "generated tokens/s"),

@@ -102,6 +102,7 @@ _FORECASTER = [
     Metric("goodput_replica_ttft_overhead_seconds", "gauge", ("bound",), "forecaster"),
     Metric("goodput_replica_tokens_per_request", "gauge", ("kind",), "forecaster"),
     Metric("goodput_replica_arrival_dispersion", "gauge", (), "forecaster"),
+    Metric("goodput_replica_wait_scale", "gauge", ("state",), "forecaster"),
     # Each published forecast against what was observed one horizon later (forecaster/scoring.py).
     Metric("goodput_forecast_error_absolute", "gauge", ("quantity", "horizon_seconds"), "forecaster"),
     Metric("goodput_forecast_error_ratio", "gauge", ("quantity", "horizon_seconds"), "forecaster"),

@@ -25,11 +25,33 @@ def burst_floor(y: np.ndarray, mu: float, step_s: float, cold_start_s: float, wi
                 ratio: float) -> int:
     """Replicas (each serving `mu` requests/s within the SLO) the recent recurring bursts of the
     per-step arrival rates `y` need; 0 when there are none."""
+    found = _bursts(y, step_s, cold_start_s, window_steps, ratio)
+    if found is None or mu <= 0:
+        return 0
+    means, runs = found
+    cold_steps = max(1, math.ceil(cold_start_s / step_s))
+    w = max(1, int(window_steps))
+    if len(runs) < 2 or int(runs.max()) + w - 1 > cold_steps:
+        return 0
+    return shortfall_replicas(means, mu, 1.0 - ratio)
+
+
+def burst_in_memory(y: np.ndarray, step_s: float, cold_start_s: float, window_steps: int, ratio: float) -> bool:
+    """Whether any window of the burst floor's memory stands out as a burst (recurring or not,
+    shorter than the cold start or not): arrivals then queue beyond what their rate says."""
+    found = _bursts(y, step_s, cold_start_s, window_steps, ratio)
+    return found is not None and len(found[1]) > 0
+
+
+def _bursts(y: np.ndarray, step_s: float, cold_start_s: float, window_steps: int,
+            ratio: float) -> tuple[np.ndarray, np.ndarray] | None:
+    """(the memory's rolling means, the lengths of its runs above the burst line), or None while
+    the memory is shorter than two windows."""
     memory = max(2, math.ceil(5 * max(cold_start_s, step_s) / step_s))
     w = max(1, int(window_steps))
     recent = np.asarray(y[-memory:], dtype=float)
-    if len(recent) < 2 * w or mu <= 0:
-        return 0
+    if len(recent) < 2 * w:
+        return None
     means = np.convolve(recent, np.ones(w) / w, mode="valid")
     high = request_quantile(means, ratio)
     median = float(np.median(means))
@@ -45,14 +67,8 @@ def burst_floor(y: np.ndarray, mu: float, step_s: float, cold_start_s: float, wi
     level = max(median, 0.0) * window_s + math.log(2.0)
     noise_top = poisson_quantile(1.0 - (1.0 - ratio) / len(means), level) / window_s
     above = means > max((median + high) / 2.0, noise_top)
-    if not above.any():
-        return 0
     edges = np.flatnonzero(np.diff(np.concatenate([[0], above.astype(np.int8), [0]])))
-    runs = edges[1::2] - edges[::2]              # lengths, in steps of the rolling means
-    cold_steps = max(1, math.ceil(cold_start_s / step_s))
-    if len(runs) < 2 or int(runs.max()) + w - 1 > cold_steps:
-        return 0
-    return shortfall_replicas(means, mu, 1.0 - ratio)
+    return means, edges[1::2] - edges[::2]              # run lengths, in steps of the rolling means
 
 
 def poisson_quantile(q: float, mean: float) -> float:

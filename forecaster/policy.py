@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from forecaster.bursts import burst_floor
+from forecaster.bursts import burst_floor, burst_in_memory
 from forecaster.capacity import OnlineCapacity
 from forecaster.demand import DemandWindow, cumulative_upper, demand_spread, rate_lower_bound, without_poisson
 from forecaster.fleet_sample import FleetSample, delta, step_observation
@@ -151,6 +151,9 @@ class ForecastPolicy:
         self._recommendations: deque[tuple[float, int]] = deque()
         self._prev_in_flight: tuple[float, float] | None = None
         self._capacity_cache: tuple | None = None
+        # No burst in the burst floor's memory: the learned wait scale (the router's pooling) is
+        # priced only then; while one is, the replicas are planned as their own queues.
+        self._calm = False
         self.last_observation: StepObservation | None = None
         # Per step, per ready replica: good requests/s where the SLO held (else 0), arrivals/s, and
         # requests in flight at its end. Capacity is at least what a window of them sustained.
@@ -180,7 +183,8 @@ class ForecastPolicy:
             obs = step_observation(prev, sample, arrivals)
             if obs is not None:
                 self.last_observation = obs
-                self.service.observe(obs)
+                self._calm = self._no_burst()
+                self.service.observe(obs, calm=self._calm)
                 self._capacity_cache = None
                 good = delta(prev.good_total, sample.good_total)
                 target = self._target_ratio()
@@ -200,6 +204,8 @@ class ForecastPolicy:
             model, mix = self.service.model(), self.service.mix()
             if model is None or mix is None:
                 return None
+            if not self._calm and model.wait_scale != 1.0:
+                model = replace(model, wait_scale=1.0)
             # Planned on the steep end of the fitted step's slope (OnlineServiceModel.planning_model);
             # the latencies it forecasts come from the fitted model itself.
             planning = self.service.planning_model(model)
@@ -398,13 +404,26 @@ class ForecastPolicy:
         return Decision(int(desired), float(q_mean), float(q_upper), float(fc.mean[-1]), float(fc.upper[-1]),
                         float(mu), fc.model_name, ttft_s=ttft, tpot_s=tpot, capacity_source=source,
                         cold_start_s=cfg.cold_start_seconds,
-                        service=self.service.params(), reasons=reasons, demand_estimate=window.chosen)
+                        service=self._params(), reasons=reasons, demand_estimate=window.chosen)
 
     def _burst_floor(self, y: np.ndarray, mu: float) -> int:
         """Replicas for recurring bursts shorter than the cold start (forecaster/bursts.py)."""
         cfg = self.config
         return burst_floor(y, mu, cfg.step_seconds, cfg.cold_start_seconds, self._burst_window_steps(),
                            self._target_ratio())
+
+    def _params(self):
+        """The learned parameters, with the wait scale planning uses now."""
+        params = self.service.params()
+        if params is not None and not self._calm:
+            params = replace(params, wait_scale_planned=1.0)
+        return params
+
+    def _no_burst(self) -> bool:
+        """No window of the burst floor's memory stands out as a burst (forecaster/bursts.py)."""
+        cfg = self.config
+        return not burst_in_memory(self.history.rates["arrivals"].values(), cfg.step_seconds, cfg.cold_start_seconds,
+                                   self._burst_window_steps(), self._target_ratio())
 
     def _target_ratio(self) -> float:
         """The strictest objective ratio among the SLO classes (0.99 while none is known)."""

@@ -25,18 +25,21 @@ MAX_CLUMP = 100.0
 MAX_DISPERSION = 2.0 * MAX_CLUMP - 1.0
 
 
-def queue_waits(lam: float, service: np.ndarray, rho: float, rng) -> np.ndarray:
+def queue_waits(lam: float, service: np.ndarray, rho: float, rng, scale: float = 1.0) -> np.ndarray:
     """Each sampled request's wait in an M/G/1 queue (arrivals at `lam`, service times drawn from
     `service`, load `rho`): the Pollaczek-Khinchine mean, a tail at the Cramér-Lundberg rate of
-    this service mix, and the share that waits at all what keeps the mean."""
+    this service mix, and the share that waits at all what keeps the mean. `scale` (at most 1)
+    multiplies the mean by shrinking the share that waits, not a wait's length: what a router
+    that pools the replicas' queues does (OnlineServiceModel.wait_scale)."""
     n = len(service)
-    w_mean = lam * float(np.mean(service ** 2)) / (2.0 * (1.0 - rho))
+    w_mean = scale * lam * float(np.mean(service ** 2)) / (2.0 * (1.0 - rho))
     waits = min(1.0, tail_decay(lam, service) * w_mean) if w_mean > 0 else 0.0
     busy = rng.random(n) < waits
     return np.where(busy, -np.log(np.maximum(1e-12, rng.random(n))) * (w_mean / max(waits, 1e-12)), 0.0)
 
 
-def clumped_waits(lam: float, service: np.ndarray, rho: float, dispersion: float, rng) -> tuple[np.ndarray, float]:
+def clumped_waits(lam: float, service: np.ndarray, rho: float, dispersion: float, rng,
+                  scale: float = 1.0) -> tuple[np.ndarray, float]:
     """Waits when requests arrive in clumps (M^X/G/1): clumps arrive as a Poisson process at
     λ / E[X], X geometric with E[X] = (I + 1) / 2 (a compound Poisson process with index of
     dispersion I, at most MAX_DISPERSION). A request waits for the clumps before its own (the
@@ -46,7 +49,7 @@ def clumped_waits(lam: float, service: np.ndarray, rho: float, dispersion: float
     n = len(service)
     p = 2.0 / (min(dispersion, MAX_DISPERSION) + 1.0)
     clump_service = random_sums(service, rng.geometric(p, n), rng)
-    wait = queue_waits(lam * p, clump_service, rho, rng)
+    wait = queue_waits(lam * p, clump_service, rho, rng, scale)
     ahead = random_sums(service, rng.geometric(p, n) - 1, rng)
     return wait + ahead, p
 

@@ -179,6 +179,14 @@ def _service_families(d: Decision):
                             "goodput_requests_arrived_squared_total: 1 for Poisson arrivals, more where they come "
                             "in clumps (the service model queues them so; 1 until 50 arrivals are counted)",
                             value=p.arrival_dispersion)
+    w = GaugeMetricFamily("goodput_replica_wait_scale", "How much less prompts wait than in one replica's own queue "
+                          "(the engines' queue time over the model's, from steps with no burst in memory; at most 1, "
+                          "below where a load-aware router pools the replicas; state=learned: its 90 % upper bound, "
+                          "state=planned: what capacity is planned with now, 1 while a burst is in memory)",
+                          labels=["state"])
+    w.add_metric(["learned"], p.wait_scale)
+    w.add_metric(["planned"], p.wait_scale_planned)
+    yield w
 
 
 def _score_families(scores: dict, h: str):

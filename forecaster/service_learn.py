@@ -55,6 +55,10 @@ _Z90 = 1.645
 # elsewhere; the bundled engine's is 512). It bounds how much prompt work one decode step carries,
 # so how far a long prompt can stretch other requests' TPOT.
 _DEFAULT_BUDGET = 2048
+# The wait scale (OnlineServiceModel.wait_scale): requests whose queue time it needs before it
+# moves from 1, and the least it goes to.
+WAIT_EVIDENCE = 200.0
+MIN_WAIT_SCALE = 0.02
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,8 @@ class FittedParams:
     decode_single_s: tuple[float, float] = (math.nan, math.nan)   # one sequence alone
     decode_log_s: tuple[float, float] = (0.0, 0.0)                 # the step's concave part
     arrival_dispersion: float = 1.0                                # arrivals' index of dispersion at the prompt queue's scale
+    wait_scale: float = 1.0                                        # learned (OnlineServiceModel.wait_scale)
+    wait_scale_planned: float = 1.0                                # what planning uses now (1 while a burst is in memory)
 
 
 class OnlineServiceModel:
@@ -106,6 +112,10 @@ class OnlineServiceModel:
         self._overhead = [0.0, 0.0, 0.0]
         self._kv = [0.0, 0.0, 0.0]
         self._mix = [0.0, 0.0, 0.0]  # sum w (requests), prompt tokens, output tokens
+        # Engine queue time against the model's M/G/1 wait at each step's rate, on calm steps:
+        # sum w (requests), w·observed, w·predicted (seconds). See wait_scale.
+        self._ws = [0.0, 0.0, 0.0]
+        self._ws_w2 = 0.0
         self._hist = ({}, {})         # decayed per-request token histograms (prompt, output), where exported
         # How clumped arrivals come, from the sidecars' per-window counters (forecaster/prompt_queue.py).
         self.clumping = ArrivalClumping()
@@ -148,15 +158,18 @@ class OnlineServiceModel:
 
     def _decay(self) -> None:
         f = self.forget
-        for acc in (self._overhead, self._kv, self._mix):
+        for acc in (self._overhead, self._kv, self._mix, self._ws):
             for i in range(3):
                 acc[i] *= f
+        self._ws_w2 *= f * f
         self.clumping.decay(f)
         for hist in self._hist:
             for k in hist:
                 hist[k] *= f
 
-    def observe(self, o: StepObservation) -> None:
+    def observe(self, o: StepObservation, calm: bool = True) -> None:
+        """Learn from one step. `calm`: no burst in the arrivals' recent memory (the policy's burst
+        test); only calm steps teach the wait scale."""
         if o.replicas <= 0 or o.dt <= 0 or not (o.ended > 0):
             return
         self._decay()
@@ -236,6 +249,8 @@ class OnlineServiceModel:
                 # token. So the same M/G/1 inversion as from TTFT, on the engine's own clock.
                 net = max(queue_mean + prefill_mean - 1.5 * step, 0.1 * prefill_mean)
                 k = service_per_token(net, lam_r, p_mean, self._prompt_m2(p_mean), dispersion)
+                if calm:
+                    self._add_wait(queue_mean, lam_r, p_mean, dispersion, float(o.queue_count))
                 if ttft_mean is not None:
                     extra = ttft_mean - queue_mean - prefill_mean
                     self._add_lin(self._overhead, max(0.0, extra), float(o.ttft_count))
@@ -254,6 +269,41 @@ class OnlineServiceModel:
         if math.isfinite(o.kv_usage) and o.kv_usage >= 0.05 and batch > 0:
             self._add_log(self._kv, batch * (p_mean + o_mean / 2.0) / o.kv_usage, 1.0)
         self.num_steps += 1
+
+    def _add_wait(self, queue_mean: float, lam_r: float, p_mean: float, dispersion: float, w: float) -> None:
+        """One step's engine queue time against the model's mean wait at its rate per replica
+        (service_model.predict's prompt queue, clump members ahead taken out of both)."""
+        k, _ = self._per_token_k()
+        if k is None or not (w > 0):
+            return
+        m2 = self._prompt_m2(p_mean) + max(0.0, dispersion - 1.0) * p_mean * p_mean
+        rho = lam_r * k * p_mean
+        if not (0.0 < rho < 0.95):
+            return
+        predicted = lam_r * k * k * m2 / (2.0 * (1.0 - rho))
+        observed = max(0.0, queue_mean - max(0.0, dispersion - 1.0) / 2.0 * p_mean * k)
+        if predicted <= 0:
+            return
+        r = observed / predicted
+        self._ws[0] += w
+        self._ws[1] += w * r
+        self._ws[2] += w * r * r
+        self._ws_w2 += w * w
+
+    def wait_scale(self) -> float:
+        """How much less the fleet's prompts wait than the model's per-replica M/G/1 queue says,
+        from calm steps: observed over predicted engine queue time (ratios of forgotten sums),
+        at most 1. Behind a router that sends each request to the least loaded replica, the
+        replicas' prompt queues pool and a prompt rarely waits behind a long one; at random they
+        do not, and this stays about 1. Never above 1: bursts are the burst floor's to price.
+        1 until WAIT_EVIDENCE requests' worth of queue time has been seen."""
+        w, s1, s2 = self._ws
+        if w < WAIT_EVIDENCE:
+            return 1.0
+        mean = s1 / w
+        sd = math.sqrt(max(0.0, s2 / w - mean * mean))
+        n_eff = w * w / self._ws_w2 if self._ws_w2 > 0 else 1.0
+        return min(1.0, max(MIN_WAIT_SCALE, mean + _Z90 * sd / math.sqrt(n_eff)))
 
     @staticmethod
     def _others(o: StepObservation, tpot: float) -> float:
@@ -424,7 +474,7 @@ class OnlineServiceModel:
         return ServiceModel(prefill_tokens_per_s=pf, decode_base_s=a, decode_per_seq_s=c, kv_capacity_tokens=kv,
                             max_batch=self.max_batch, step_token_budget=self.step_token_budget or _DEFAULT_BUDGET,
                             ttft_overhead_s=self.ttft_overhead_s(), decode_single_s=self._single_step()[0], decode_log_s=d,
-                            arrival_dispersion=self.arrival_dispersion(), name="learned", source=f"learned online over {self.num_steps} steps")
+                            arrival_dispersion=self.arrival_dispersion(), wait_scale=self.wait_scale(), name="learned", source=f"learned online over {self.num_steps} steps")
 
     def planning_model(self, fitted: ServiceModel | None = None) -> ServiceModel | None:
         """The model to plan capacity on: the decode step's slope at the steep end of its 90 %
@@ -478,7 +528,7 @@ class OnlineServiceModel:
                        else (a_lo + c_lo, a_hi + c_hi))
         return FittedParams(m, (a_lo, a_hi), (c_lo, c_hi),
                             pf_band, kv_band, p, o, self.num_steps, (max(0.0, o_mean - _Z90 * o_sd), o_mean + _Z90 * o_sd),
-                            single_band, d_band, self.arrival_dispersion())
+                            single_band, d_band, self.arrival_dispersion(), m.wait_scale, m.wait_scale)
 
 
 __all__ = ["FittedParams", "OnlineServiceModel"]

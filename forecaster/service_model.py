@@ -221,6 +221,9 @@ class ServiceModel:
     # replica receives per second. 1 is Poisson; past 1 they arrive as a compound Poisson process
     # (clumps of geometric size, mean (I + 1) / 2, which has this index).
     arrival_dispersion: float = 1.0
+    # How much less prompts wait than in the replica's own queue (at most 1): a load-aware router
+    # pools the replicas' queues (OnlineServiceModel.wait_scale; 1 = routed at random).
+    wait_scale: float = 1.0
     name: str = "model"
     source: str = ""
 
@@ -233,6 +236,9 @@ class ServiceModel:
                 raise ValueError(f"service model {self.name!r}: {f} must be >= 0, got {getattr(self, f)}")
         if self.decode_single_s is not None and not self.decode_single_s > 0:
             raise ValueError(f"service model {self.name!r}: decode_single_s must be positive, got {self.decode_single_s}")
+        if not (0.0 < self.wait_scale <= 1.0):
+            raise ValueError(f"service model {self.name!r}: wait_scale must be in (0, 1] (1 = each replica its own "
+                             f"queue), got {self.wait_scale}")
         if not (math.isfinite(self.arrival_dispersion) and self.arrival_dispersion >= 1.0):
             raise ValueError(f"service model {self.name!r}: arrival_dispersion must be >= 1 (1 = Poisson), "
                              f"got {self.arrival_dispersion}")
@@ -287,9 +293,9 @@ class ServiceModel:
             return Prediction(lam, False, batch, step, 1.0, nan, nan, o)
         rng = np.random.default_rng(seed)
         if self.arrival_dispersion > 1.0 + 1e-9:
-            wait, clump_p = clumped_waits(lam, service, rho_q, self.arrival_dispersion, rng)
+            wait, clump_p = clumped_waits(lam, service, rho_q, self.arrival_dispersion, rng, self.wait_scale)
         else:
-            wait, clump_p = queue_waits(lam, service, rho_q, rng), None
+            wait, clump_p = queue_waits(lam, service, rho_q, rng, self.wait_scale), None
         # Plus the steps every request waits through on an engine: the end of the step running when
         # it arrives (half a step on average) and the step that samples its first token.
         ttft = self.ttft_overhead_s + wait + service + 1.5 * step

@@ -151,7 +151,8 @@ def run_command(args: argparse.Namespace) -> int:
               f"{1000 * learned['decode_per_seq_s']:.2f} ms/seq + {1000 * learned.get('decode_log_s', 0.0):.2f} ms·ln(b) "
               f"(profile {1000 * profile.decode_base_s:g} + {1000 * profile.decode_per_seq_s:g}{curve}), "
               f"mix {learned['prompt_mean']:.0f}/{learned['output_mean']:.0f} tokens in/out, "
-              f"arrivals' index of dispersion {learned.get('arrival_dispersion', 1.0):.2f} (1 = Poisson)")
+              f"arrivals' index of dispersion {learned.get('arrival_dispersion', 1.0):.2f} (1 = Poisson), "
+              f"wait scale {learned.get('wait_scale', 1.0):.3f} (1 = the replicas' own queues)")
     print(report.text_table(results))
     for r in results:
         if r["policy"] in ("oracle", "static") and r["attainment"] < facts["oracle_target"] - 1e-12:

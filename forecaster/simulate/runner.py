@@ -173,6 +173,7 @@ def _learned(policy) -> dict | None:
             "prefill_tokens_per_s": m.prefill_tokens_per_s, "decode_base_s": m.decode_base_s,
             "decode_per_seq_s": m.decode_per_seq_s, "decode_log_s": m.decode_log_s,
             "kv_capacity_tokens": m.kv_capacity_tokens, "arrival_dispersion": m.arrival_dispersion,
+            "wait_scale": m.wait_scale,
             "prompt_mean": params.prompt_mean, "output_mean": params.output_mean, "steps": params.num_steps}
 
 

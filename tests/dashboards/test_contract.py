@@ -51,10 +51,11 @@ def test_contract_lists_every_design_metric_once():
     # its concave part, goodput_replica_decode_step_log_seconds; and the guard's
     # goodput_admission_held_seconds (requests held for a decode slot); and how clumped arrivals
     # come, the sidecar's goodput_requests_arrived_squared_total{window_seconds} and the service
-    # model's goodput_replica_arrival_dispersion.
+    # model's goodput_replica_arrival_dispersion; and its goodput_replica_wait_scale{state} (a
+    # load-aware router's pooling).
     assert len(contract.by_source("sidecar")) == 44
-    assert len(contract.by_source("forecaster")) == 24
-    assert len(contract.METRICS) == 68
+    assert len(contract.by_source("forecaster")) == 25
+    assert len(contract.METRICS) == 69
 
 
 def test_contract_outcomes_are_the_sidecars():

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from forecaster.bursts import burst_floor, poisson_quantile, shortfall_replicas
+from forecaster.bursts import burst_floor, burst_in_memory, poisson_quantile, shortfall_replicas
 from forecaster.capacity import OnlineCapacity, load_sweep_capacity
 from forecaster.demand import DemandWindow, cumulative_upper, demand_spread, rate_lower_bound
 from forecaster.policy import Decision, FleetSample, ForecastPolicy, PolicyConfig
@@ -328,6 +328,19 @@ def test_poisson_noise_in_any_of_the_memorys_windows_is_no_burst():
     y = np.random.default_rng(1).poisson(40.0 * 15, 60) / 15.0
     y[[30, 50]] = 60.0
     assert burst_floor(y, 5.0, 15.0, 180.0, 1, 0.99) > 8
+
+
+def test_a_burst_in_memory_is_any_that_stands_out_even_alone():
+    # What gates the wait scale (policy.py): the floor's own test of standing out, but a lone
+    # burst counts too (it holds no floor, yet arrivals queued beyond their rate's share in it).
+    for seed in range(50):
+        y = np.random.default_rng(seed).poisson(40.0 * 15, 60) / 15.0
+        assert not burst_in_memory(y, 15.0, 180.0, 1, 0.99), seed
+        y[45] = 60.0
+        assert burst_in_memory(y, 15.0, 180.0, 1, 0.99), seed
+        assert burst_floor(y, 5.0, 15.0, 180.0, 1, 0.99) == 0
+    # Memory shorter than two windows: nothing to judge.
+    assert not burst_in_memory(np.array([1.0, 50.0]), 15.0, 180.0, 2, 0.99)
 
 
 def test_the_burst_floor_spends_the_error_budget_on_the_excess():

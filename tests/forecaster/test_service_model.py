@@ -4,6 +4,7 @@ request), learning it online from fleet samples, and planning replicas on it."""
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -294,6 +295,8 @@ def test_the_learned_model_its_forecasts_and_their_scores_are_exported(azure_mix
                                                   ("slo_class", "default")))] == d.ttft_s["default"][1]
     assert got[("goodput_replica_prefill_tokens_per_second", (("bound", "mean"),))] == pytest.approx(
         d.service.model.prefill_tokens_per_s)
+    assert got[("goodput_replica_wait_scale", (("state", "learned"),))] == d.service.wait_scale
+    assert got[("goodput_replica_wait_scale", (("state", "planned"),))] == d.service.wait_scale_planned
     # The accuracy script reads the capacity planned on from this page.
     accuracy = _accuracy_script()
     assert accuracy.planned_capacity(generate_latest(registry).decode()) == {
@@ -847,3 +850,73 @@ def test_the_accuracy_script_predicts_at_the_rate_the_sweep_offered(tmp_path):
         assert row["predicted"]["sweep mix"]["tpot p50"] == pytest.approx(model.predict(rate, mix).tpot_quantile(0.5))
     assert rows[0]["offered_rate"] == 3.515 and rows[1]["offered_rate"] is None
     assert "| 4 | 3.515 | 240 |" in (tmp_path / "m_accuracy.md").read_text()
+
+
+def _heavy_mix(seed=3, n=5000):
+    """Long, heavy-tailed prompts (mean about 11,500 tokens, p99 about 70,000), like Mooncake's."""
+    rng = np.random.default_rng(seed)
+    return (np.minimum(126_000, np.round(rng.lognormal(np.log(7000), 1.0, n))),
+            np.maximum(1, np.round(rng.lognormal(np.log(250), 0.8, n))))
+
+
+@pytest.mark.parametrize("seed", [2])
+def test_a_load_aware_router_is_learned_as_a_wait_scale_and_a_random_one_is_not(monkeypatch, seed):
+    """16 replicas at 30 % of their prefill, heavy-tailed prompts, Poisson arrivals. Behind the
+    least-outstanding router prompts wait less than in each replica's own queue (a long prompt's
+    replica gets the next requests last); at random they do not. The learner reads that from the
+    engines' queue time on calm steps: a scale under 1 for the first (0.60-0.70 over seeds 1-3 and
+    5 when written), 1 for the second. With it, the model's share of requests in time at the
+    fleet's rate is closer to what the fleet served, and capacity is planned on it only while no
+    burst is in memory."""
+    import forecaster.simulate.fleet as fleet_module
+
+    prompts, outputs = _heavy_mix()
+    replicas = 16
+    rate = replicas * 0.3 * H100_70B.prefill_tokens_per_s / prompts.mean()
+    learned = {}
+    for router in ("least-outstanding", "random"):
+        real = fleet_module.RequestFleet
+        monkeypatch.setattr(sys.modules[__name__], "RequestFleet",
+                            lambda *a, **k: real(*a, router=router, **k))
+        arrivals, p, o = _poisson_trace(rate, 1200, prompts, outputs, seed=seed)
+        policy = ForecastPolicy(PolicyConfig(step_seconds=15.0, horizon_seconds=60.0, cold_start_seconds=60.0))
+        fleet, _ = _serve(H100_70B, arrivals, p, o, replicas=replicas, tick=0.1, policy=policy, sample_every=15.0)
+        monkeypatch.undo()
+        assert policy._calm   # Poisson arrivals: no burst in memory
+        done = np.isfinite(fleet.t_done)
+        served = float(np.mean((fleet.t_first - fleet.arrival)[done] <= H100_70B.slo.ttft_s))
+        learned[router] = (policy, policy.service.model(), served)
+    policy, model, served = learned["least-outstanding"]
+    assert model.wait_scale < 0.8
+    assert learned["random"][1].wait_scale > 0.95
+    mix = policy.service.mix()
+    scaled = model.predict(rate / replicas, mix).good_share(H100_70B.slo)
+    unscaled = replace(model, wait_scale=1.0).predict(rate / replicas, mix).good_share(H100_70B.slo)
+    assert abs(scaled - served) < abs(unscaled - served)
+    # Planned on while calm; with a burst in memory, as the replicas' own queues.
+    calm = policy.capacity_rps
+    policy._calm, policy._capacity_cache = False, None
+    assert policy.capacity_rps < calm
+
+
+def test_the_wait_scale_learns_only_from_calm_steps_and_only_once_it_has_seen_enough():
+    learner = OnlineServiceModel(prior=H100_70B)
+    # One replica at about half its prefill, prompts waiting a hundredth of what its own queue says.
+    step = StepObservation(dt=15.0, replicas=1, arrival_rps=1.0, ended=15, input_tokens=15 * 8000.0,
+                           output_tokens=15 * 200.0, ttft_sum=15 * 0.6, ttft_count=15, tpot_sum=15 * 0.03,
+                           tpot_count=15, prefill_sum=15 * 0.45, prefill_count=15, queue_sum=15 * 0.005,
+                           queue_count=15)
+    for _ in range(40):
+        learner.observe(step, calm=False)
+    assert learner.wait_scale() == 1.0 and learner.model().wait_scale == 1.0
+    for i in range(20):
+        learner.observe(step, calm=True)
+        if i < 12:   # 13 steps of 15 requests, forgotten a little, make the 200 needed
+            assert learner.wait_scale() == 1.0, i
+    assert learner.wait_scale() < 0.1
+    assert learner.model().wait_scale == learner.wait_scale()
+    # Waits longer than the model's never raise it past 1: bursts are the burst floor's.
+    slow = replace(step, queue_sum=15 * 30.0)
+    for _ in range(400):
+        learner.observe(slow, calm=True)
+    assert learner.wait_scale() == 1.0
