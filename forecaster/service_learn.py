@@ -112,8 +112,9 @@ class OnlineServiceModel:
         self._overhead = [0.0, 0.0, 0.0]
         self._kv = [0.0, 0.0, 0.0]
         self._mix = [0.0, 0.0, 0.0]  # sum w (requests), prompt tokens, output tokens
-        # Engine queue time against the model's M/G/1 wait at each step's rate, on calm steps:
-        # sum w (requests), w·observed, w·predicted (seconds). See wait_scale.
+        # Engine queue time over the model's M/G/1 wait at each step's rate, on calm steps: the
+        # forgotten sums of w (requests), w·ratio and w·ratio², and of w² (decayed twice as fast).
+        # See wait_scale.
         self._ws = [0.0, 0.0, 0.0]
         self._ws_w2 = 0.0
         self._hist = ({}, {})         # decayed per-request token histograms (prompt, output), where exported
@@ -248,9 +249,10 @@ class OnlineServiceModel:
                 # prompts a step carries), its own compute, and the step that samples its first
                 # token. So the same M/G/1 inversion as from TTFT, on the engine's own clock.
                 net = max(queue_mean + prefill_mean - 1.5 * step, 0.1 * prefill_mean)
-                k = service_per_token(net, lam_r, p_mean, self._prompt_m2(p_mean), dispersion)
+                m2 = self._prompt_m2(p_mean)
+                k = service_per_token(net, lam_r, p_mean, m2, dispersion)
                 if calm:
-                    self._add_wait(queue_mean, lam_r, p_mean, dispersion, float(o.queue_count))
+                    self._add_wait(queue_mean, lam_r, p_mean, m2, dispersion, float(o.queue_count))
                 if ttft_mean is not None:
                     extra = ttft_mean - queue_mean - prefill_mean
                     self._add_lin(self._overhead, max(0.0, extra), float(o.ttft_count))
@@ -270,20 +272,22 @@ class OnlineServiceModel:
             self._add_log(self._kv, batch * (p_mean + o_mean / 2.0) / o.kv_usage, 1.0)
         self.num_steps += 1
 
-    def _add_wait(self, queue_mean: float, lam_r: float, p_mean: float, dispersion: float, w: float) -> None:
-        """One step's engine queue time against the model's mean wait at its rate per replica
-        (service_model.predict's prompt queue, clump members ahead taken out of both)."""
+    def _add_wait(self, queue_mean: float, lam_r: float, p_mean: float, m2: float, dispersion: float,
+                  w: float) -> None:
+        """One step's engine queue time over the model's mean wait at its rate per replica
+        (service_model.predict's prompt queue, clump members ahead taken out of both; `m2` is
+        E[P²] of the prompts)."""
         k, _ = self._per_token_k()
         if k is None or not (w > 0):
             return
-        m2 = self._prompt_m2(p_mean) + max(0.0, dispersion - 1.0) * p_mean * p_mean
         rho = lam_r * k * p_mean
         if not (0.0 < rho < 0.95):
             return
-        predicted = lam_r * k * k * m2 / (2.0 * (1.0 - rho))
-        observed = max(0.0, queue_mean - max(0.0, dispersion - 1.0) / 2.0 * p_mean * k)
-        if predicted <= 0:
+        clumped_m2 = m2 + max(0.0, dispersion - 1.0) * p_mean * p_mean
+        predicted = lam_r * k * k * clumped_m2 / (2.0 * (1.0 - rho))
+        if not predicted > 0:
             return
+        observed = max(0.0, queue_mean - max(0.0, dispersion - 1.0) / 2.0 * p_mean * k)
         r = observed / predicted
         self._ws[0] += w
         self._ws[1] += w * r
@@ -292,11 +296,15 @@ class OnlineServiceModel:
 
     def wait_scale(self) -> float:
         """How much less the fleet's prompts wait than the model's per-replica M/G/1 queue says,
-        from calm steps: observed over predicted engine queue time (ratios of forgotten sums),
-        at most 1. Behind a router that sends each request to the least loaded replica, the
-        replicas' prompt queues pool and a prompt rarely waits behind a long one; at random they
-        do not, and this stays about 1. Never above 1: bursts are the burst floor's to price.
-        1 until WAIT_EVIDENCE requests' worth of queue time has been seen."""
+        from calm steps: the mean of the steps' observed over predicted engine queue time
+        (weighted by requests), at the upper end of its 90 % band (the standard error over the
+        steps' effective count), at most 1. A ratio of summed waits instead is ruled by the few
+        loaded steps (a warm-up's), where a heavy-tailed queue's realised mean falls short of its
+        expectation: it read 0.53 with the replicas routed at random (Mooncake). Behind a router
+        that sends each request to the least loaded replica, the replicas' prompt queues pool and
+        a prompt rarely waits behind a long one; at random they do not, and this stays about 1.
+        Never above 1: bursts are the burst floor's to price. 1 until WAIT_EVIDENCE requests'
+        worth of queue time has been seen."""
         w, s1, s2 = self._ws
         if w < WAIT_EVIDENCE:
             return 1.0
