@@ -911,7 +911,7 @@ def test_the_wait_scale_learns_only_from_calm_steps_and_only_once_it_has_seen_en
     assert learner.wait_scale() == 1.0 and learner.model().wait_scale == 1.0
     for i in range(20):
         learner.observe(step, calm=True)
-        if i < 12:   # 13 steps of 15 requests, forgotten a little, make the 200 needed
+        if i < 12:   # 12 steps of 15 requests are under the 200 needed (14, forgotten a little, are not)
             assert learner.wait_scale() == 1.0, i
     assert learner.wait_scale() < 0.1
     assert learner.model().wait_scale == learner.wait_scale()
