@@ -40,11 +40,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
 from forecaster.fleet_sample import StepObservation
+from forecaster.fitted_params import FittedParams
+from forecaster.wait_scale import WaitScale
 from forecaster.robust_line import RobustLine, weighted_median
 from forecaster.prompt_queue import ArrivalClumping, service_per_token
 from forecaster.service_model import ServiceModel, TokenMix, log_one_plus_poisson, seen_step_s
@@ -55,30 +57,6 @@ _Z90 = 1.645
 # elsewhere; the bundled engine's is 512). It bounds how much prompt work one decode step carries,
 # so how far a long prompt can stretch other requests' TPOT.
 _DEFAULT_BUDGET = 2048
-# The wait scale (OnlineServiceModel.wait_scale): requests whose queue time it needs before it
-# moves from 1, and the least it goes to.
-WAIT_EVIDENCE = 200.0
-MIN_WAIT_SCALE = 0.02
-
-
-@dataclass(frozen=True)
-class FittedParams:
-    """The learned parameters with a 90 % band each (for export and dashboards)."""
-
-    model: ServiceModel
-    decode_base_s: tuple[float, float]
-    decode_per_seq_s: tuple[float, float]
-    prefill_tokens_per_s: tuple[float, float]
-    kv_capacity_tokens: tuple[float, float]
-    prompt_mean: float
-    output_mean: float
-    num_steps: int
-    ttft_overhead_s: tuple[float, float] = (0.0, 0.0)
-    decode_single_s: tuple[float, float] = (math.nan, math.nan)   # one sequence alone
-    decode_log_s: tuple[float, float] = (0.0, 0.0)                 # the step's concave part
-    arrival_dispersion: float = 1.0                                # arrivals' index of dispersion at the prompt queue's scale
-    wait_scale: float = 1.0                                        # learned (OnlineServiceModel.wait_scale)
-    wait_scale_planned: float = 1.0                                # what planning uses now (1 while a burst is in memory)
 
 
 class OnlineServiceModel:
@@ -112,11 +90,8 @@ class OnlineServiceModel:
         self._overhead = [0.0, 0.0, 0.0]
         self._kv = [0.0, 0.0, 0.0]
         self._mix = [0.0, 0.0, 0.0]  # sum w (requests), prompt tokens, output tokens
-        # Engine queue time over the model's M/G/1 wait at each step's rate, on calm steps: the
-        # forgotten sums of w (requests), w·ratio and w·ratio², and of w² (decayed twice as fast).
-        # See wait_scale.
-        self._ws = [0.0, 0.0, 0.0]
-        self._ws_w2 = 0.0
+        # Engine queue time over the model's M/G/1 wait, on calm steps (forecaster/wait_scale.py).
+        self._wait = WaitScale()
         self._hist = ({}, {})         # decayed per-request token histograms (prompt, output), where exported
         # How clumped arrivals come, from the sidecars' per-window counters (forecaster/prompt_queue.py).
         self.clumping = ArrivalClumping()
@@ -159,10 +134,10 @@ class OnlineServiceModel:
 
     def _decay(self) -> None:
         f = self.forget
-        for acc in (self._overhead, self._kv, self._mix, self._ws):
+        for acc in (self._overhead, self._kv, self._mix):
             for i in range(3):
                 acc[i] *= f
-        self._ws_w2 *= f * f
+        self._wait.decay(f)
         self.clumping.decay(f)
         for hist in self._hist:
             for k in hist:
@@ -285,33 +260,13 @@ class OnlineServiceModel:
             return
         clumped_m2 = m2 + max(0.0, dispersion - 1.0) * p_mean * p_mean
         predicted = lam_r * k * k * clumped_m2 / (2.0 * (1.0 - rho))
-        if not predicted > 0:
-            return
         observed = max(0.0, queue_mean - max(0.0, dispersion - 1.0) / 2.0 * p_mean * k)
-        r = observed / predicted
-        self._ws[0] += w
-        self._ws[1] += w * r
-        self._ws[2] += w * r * r
-        self._ws_w2 += w * w
+        self._wait.add(observed, predicted, w)
 
     def wait_scale(self) -> float:
-        """How much less the fleet's prompts wait than the model's per-replica M/G/1 queue says,
-        from calm steps: the mean of the steps' observed over predicted engine queue time
-        (weighted by requests), at the upper end of its 90 % band (the standard error over the
-        steps' effective count), at most 1. A ratio of summed waits instead is ruled by the few
-        loaded steps (a warm-up's), where a heavy-tailed queue's realised mean falls short of its
-        expectation: it read 0.53 with the replicas routed at random (Mooncake). Behind a router
-        that sends each request to the least loaded replica, the replicas' prompt queues pool and
-        a prompt rarely waits behind a long one; at random they do not, and this stays about 1.
-        Never above 1: bursts are the burst floor's to price. 1 until WAIT_EVIDENCE requests'
-        worth of queue time has been seen."""
-        w, s1, s2 = self._ws
-        if w < WAIT_EVIDENCE:
-            return 1.0
-        mean = s1 / w
-        sd = math.sqrt(max(0.0, s2 / w - mean * mean))
-        n_eff = w * w / self._ws_w2 if self._ws_w2 > 0 else 1.0
-        return min(1.0, max(MIN_WAIT_SCALE, mean + _Z90 * sd / math.sqrt(n_eff)))
+        """How much less the fleet's prompts wait than the model's per-replica queue says
+        (forecaster/wait_scale.py): 1 while unknown, at most 1."""
+        return self._wait.value()
 
     @staticmethod
     def _others(o: StepObservation, tpot: float) -> float:
