@@ -36,6 +36,9 @@ _SIDECAR = [
     Metric("goodput_slo_violations_total", "counter", ("model", "slo_class", "objective"), "sidecar"),
     Metric("goodput_ttft_seconds", "histogram", ("model", "slo_class"), "sidecar"),
     Metric("goodput_tpot_seconds", "histogram", ("model", "slo_class"), "sidecar"),
+    # The decode batch those TPOTs were measured at (sidecar/metrics.py DecodeConcurrency).
+    Metric("goodput_decode_batch_total", "counter", ("model",), "sidecar"),
+    Metric("goodput_decode_batch_requests_total", "counter", ("model",), "sidecar"),
     Metric("goodput_itl_seconds", "histogram", ("model",), "sidecar"),
     Metric("goodput_e2e_seconds", "histogram", ("model", "slo_class"), "sidecar"),
     Metric("goodput_input_tokens_total", "counter", ("model", "slo_class"), "sidecar"),

@@ -39,7 +39,11 @@ def build():
         series("Queue: waiting and running", [
             Query(f"sum by (model) ({m('goodput_engine_requests_waiting')}{{{MODEL}}})", "{{model}} waiting"),
             Query(f"sum by (model) ({m('goodput_engine_requests_running')}{{{MODEL}}})", "{{model}} running"),
-        ], "short", min=0, description="Requests queued in the engines and requests in their running batch."),
+            Query(f"{_rate('goodput_decode_batch_total')} / {_rate('goodput_decode_batch_requests_total')}",
+                  "{{model}} decode batch per request"),
+        ], "short", min=0, description="Requests queued in the engines and requests in their running batch (summed "
+                                       "over engines); and, per request, the mean count decoding beside it at its "
+                                       "sidecar, itself included: the batch its TPOT was measured at."),
         series("Prefix-cache hit rate", [
             Query(f"sum by (model) (rate({hits}{{{MODEL}}}[{RATE}])) / sum by (model) (rate({queries}{{{MODEL}}}[{RATE}]))",
                   "{{model}}")

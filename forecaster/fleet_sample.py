@@ -22,6 +22,10 @@ class StepObservation:
     ttft_count: float | None = None
     tpot_sum: float | None = None
     tpot_count: float | None = None
+    # The mean decode batch of those TPOTs' requests, measured per request at the sidecars
+    # (goodput_decode_batch_total over goodput_decode_batch_requests_total): sum and count.
+    decode_batch_sum: float | None = None
+    decode_batch_count: float | None = None
     running: float = 0.0          # whole fleet, mean of the step's two ends
     running_start: float = 0.0    # whole fleet, at the step's start
     waiting: float = 0.0
@@ -61,6 +65,8 @@ class FleetSample:
     ttft_count_total: float | None = None
     tpot_sum_total: float | None = None
     tpot_count_total: float | None = None
+    decode_batch_total: float | None = None         # goodput_decode_batch_total
+    decode_batch_count_total: float | None = None   # goodput_decode_batch_requests_total
     prefill_sum_total: float | None = None    # goodput_engine_prefill_time_seconds_sum / _count
     prefill_count_total: float | None = None
     queue_sum_total: float | None = None      # goodput_engine_queue_time_seconds_sum / _count
@@ -127,6 +133,8 @@ def step_observation(prev: FleetSample, cur: FleetSample, arrival_rps: float | N
         ttft_count=delta(prev.ttft_count_total, cur.ttft_count_total),
         tpot_sum=delta(prev.tpot_sum_total, cur.tpot_sum_total),
         tpot_count=delta(prev.tpot_count_total, cur.tpot_count_total),
+        decode_batch_sum=delta(prev.decode_batch_total, cur.decode_batch_total),
+        decode_batch_count=delta(prev.decode_batch_count_total, cur.decode_batch_count_total),
         # The requests that ended lived through the step: the batch they saw is nearer the step's
         # mean than its end (gauges are instants), so take the mean of both ends.
         running=_mean_gauge(prev.running, cur.running),

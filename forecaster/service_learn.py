@@ -178,16 +178,29 @@ class OnlineServiceModel:
                           and o.running_start >= 1.0 and o.ended < o.running_start
                           and min(o.running_start, o.running) >= 2 * r)
         tpot_net = None
+        # The batch those TPOTs were measured at, where the sidecars measure it per request (the
+        # mean count decoding beside each, itself included). Else the running gauge at the step's
+        # ends: an instant's count, noisy against the batch a step's requests lived through, and
+        # that noise flattens the fitted slope (errors in x; on the live step test the slope read
+        # 2.2-2.7 ms a sequence against the engine's 5).
+        seen = o.decode_batch_sum / o.decode_batch_count if (
+            o.decode_batch_count and o.decode_batch_sum is not None and o.decode_batch_count > 0) else None
+        others = max(0.0, seen - 1.0) if seen is not None else batch
         if o.tpot_count and o.tpot_sum is not None and o.tpot_count > 0:
             tpot = o.tpot_sum / o.tpot_count
             y = tpot - self._interference(lam_r, tpot)
             if y > 0 and math.isfinite(y):
                 tpot_net = y
-                if not iterations:
-                    # A decoding request steps beside the batch's others, a Poisson count of mean
-                    # B: at 1 + B on average, and its step's concave part is E[ln(1 + K)].
-                    self._add_decode(1.0 + batch, y, float(o.tpot_count), self._decode_tpot,
-                                     float(log_one_plus_poisson(batch)))
+                # A decoding request steps beside the batch's others, a Poisson count of mean B:
+                # at 1 + B on average, and its step's concave part is E[ln(1 + K)]. Learned on
+                # steps whose iterations are usable too: this line stands in until the iterations
+                # have a handful of points, and the step it gives is what the prefill below is
+                # read net of. (Left empty after a first step read from iterations, the step was
+                # 0 there, the whole TTFT read as prefill, 25 tok/s where the engine's is 20,000,
+                # and its share taken from the next step's TPOT put that step 8 ms under the
+                # engine's: a point that bent the fitted step concave for the rest of the run.)
+                self._add_decode(1.0 + others, y, float(o.tpot_count), self._decode_tpot,
+                                 float(log_one_plus_poisson(others)))
         # The engines' own counters say the step time at the batch this very step ran: iterations
         # and generated tokens give the mean batch per iteration (B̄ = tokens / iterations) and,
         # while the batch never empties, the mean iteration time (replica-seconds / iterations,
@@ -203,7 +216,7 @@ class OnlineServiceModel:
             if math.isfinite(y) and y > 0 and mean_batch >= 1.0:
                 self._add_decode(mean_batch, y, max(1.0, float(o.tpot_count or o.ended)), z=math.log(mean_batch))
         if tpot_net is not None:
-            self._add_single(tpot_net, self._others(o, tpot_net), float(o.tpot_count))
+            self._add_single(tpot_net, others if seen is not None else self._others(o, tpot_net), float(o.tpot_count))
         step = self._mean_step(batch) if self._decode_coeffs()[0] is not None else 0.0
         # Prefill: the seconds a prompt token occupies the prefill queue (its compute plus its
         # share of its chunks' steps). Where the engines time their requests' phases (vLLM's

@@ -241,7 +241,8 @@ class Sidecar:
                 if not (isinstance(options, dict) and options.get("include_usage")):
                     body = _with_usage(body, doc, options)
                     strip = True
-            timer = StreamTimer(start, kind, strip_usage=strip, collect_text=capture)
+            timer = StreamTimer(start, kind, strip_usage=strip, collect_text=capture,
+                                on_first=self.metrics.decoding.began)
             span.request_attributes(model, stream, max_tokens if isinstance(max_tokens, int) else None)
             if capture:
                 span.capture_input(doc)

@@ -32,6 +32,8 @@ class _Series(NamedTuple):
     output_tokens: object
     flight: object        # goodput_requests_in_flight{model}
     arrived: object       # goodput_requests_arrived_total{model, slo_class}
+    decode_batch: object  # goodput_decode_batch_total{model}
+    decode_batch_requests: object
 
 # TTFT spans 10 ms (a warm short prompt) to a minute (a long prompt behind a queue).
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0,
@@ -122,6 +124,40 @@ class GapHistogram:
 ARRIVAL_WINDOWS = (("0.1", 0.1), ("1", 1.0), ("10", 10.0))
 
 
+class DecodeConcurrency:
+    """How many requests are decoding at this sidecar (first content chunk sent, not yet ended),
+    and the area under that count over time. A request's mean decode batch is the area gained
+    between its first chunk and its end over that time: the batch its TPOT was measured at,
+    itself included. The forecaster's service model fits the decode step against it (an engine's
+    running gauge, sampled at a step's ends, is a noisy stand-in for the batch a step's requests
+    lived through, and that noise flattened the fitted slope to half the engine's)."""
+
+    __slots__ = ("decoding", "area", "at")
+
+    def __init__(self):
+        self.decoding, self.area, self.at = 0, 0.0, None
+
+    def _advance(self, now: float) -> None:
+        if self.at is None or now > self.at:
+            if self.at is not None:
+                self.area += self.decoding * (now - self.at)
+            self.at = now
+
+    def began(self, now: float) -> float:
+        """A request's first content chunk went by at `now`; returns its mark (the area then)."""
+        self._advance(now)
+        self.decoding += 1
+        return self.area
+
+    def ended(self, now: float, mark: float, first: float) -> float | None:
+        """The request that began at `first` with `mark` ended at `now`: its mean decode batch
+        (None for no decode time)."""
+        self._advance(now)
+        self.decoding = max(0, self.decoding - 1)
+        span = now - first
+        return (self.area - mark) / span if span > 0 else None
+
+
 class SidecarMetrics:
     def __init__(self, registry: CollectorRegistry, slo_config: SloConfig):
         mc = ("model", "slo_class")
@@ -160,6 +196,15 @@ class SidecarMetrics:
             "model", TOKEN_COUNT_BUCKETS, registry)
         self.request_output_tokens = GapHistogram(
             "goodput_request_output_tokens", "Generated tokens per request.", "model", TOKEN_COUNT_BUCKETS, registry)
+        # The decode batch each TPOT was measured at (DecodeConcurrency): the sum of the requests'
+        # mean batches and how many there were; their ratio over a step is the mean batch of the
+        # TPOTs in goodput_tpot_seconds.
+        self.decode_batch = Counter("goodput_decode_batch", "Sum over streamed requests with a TPOT of the mean number of "
+                                    "requests decoding at this sidecar during their decode, themselves included.",
+                                    ("model",), registry=registry)
+        self.decode_batch_requests = Counter("goodput_decode_batch_requests", "Streamed requests counted in "
+                                             "goodput_decode_batch_total.", ("model",), registry=registry)
+        self.decoding = DecodeConcurrency()
         self.in_flight = Gauge("goodput_requests_in_flight", "Measured requests being served now.", ("model",), registry=registry)
         self.slo_target = Gauge("goodput_slo_target_seconds", "The configured objective per SLO class.", ("slo_class", "objective"),
                                 registry=registry)
@@ -251,7 +296,8 @@ class SidecarMetrics:
                 {o: self.requests.labels(model, slo_name, o) for o in OUTCOMES},
                 self.ttft.labels(model, slo_name), self.tpot.labels(model, slo_name), self.e2e.labels(model, slo_name),
                 self.input_tokens.labels(model, slo_name), self.output_tokens.labels(model, slo_name),
-                self.in_flight.labels(model), self.arrived.labels(model, slo_name))
+                self.in_flight.labels(model), self.arrived.labels(model, slo_name),
+                self.decode_batch.labels(model), self.decode_batch_requests.labels(model))
         return found
 
     def finished(self, model: str, slo: SloClass, timing: RequestTiming, verdict: Verdict,
@@ -259,9 +305,16 @@ class SidecarMetrics:
         """Record one ended request (called exactly once, from the proxy's finally). `in_flight`
         is False for a request refused before it was counted as started (e.g. 413 or a shed one);
         `arrival_counted` False for one refused before its arrival was counted (`arrived_now`)."""
-        requests, ttft, tpot, e2e, input_tokens, output_tokens, flight, _ = self._children(model, slo.name)
+        series = self._children(model, slo.name)
+        requests, ttft, tpot, e2e, input_tokens, output_tokens, flight = series[:7]
         if in_flight:
             flight.dec()
+        if timing.decode_mark is not None and timing.first_token_at is not None and timing.ttft is not None:
+            batch = self.decoding.ended(timing.first_token_at + timing.e2e - timing.ttft, timing.decode_mark,
+                                        timing.first_token_at)
+            if batch is not None and timing.tpot is not None:
+                series.decode_batch.inc(batch)
+                series.decode_batch_requests.inc()
         if not arrival_counted:
             # Refused before it was judged (e.g. 413): it still arrived, so demand counts it once.
             self.arrived_now(model, slo.name)
@@ -289,6 +342,8 @@ def zero_series(metrics: SidecarMetrics, models: tuple[str, ...], slo_config: Sl
     """Create the request counters at 0 for known models, so rate() has a start point."""
     for model in models:
         metrics.in_flight.labels(model)
+        metrics.decode_batch.labels(model)
+        metrics.decode_batch_requests.labels(model)
         for slo in slo_config.classes.values():
             metrics.arrived.labels(model, slo.name)
             for outcome in OUTCOMES:

@@ -40,6 +40,9 @@ class RequestTiming:
     cached_tokens: int | None = None     # usage.prompt_tokens_details.cached_tokens if seen
     engine_queue: float | None = None    # the upstream's own per-request split, where it reports one
     engine_prefill: float | None = None  # (`timings.queue_ms` / `prompt_ms`: bundled engine, llama.cpp)
+    # What `on_first` returned at the first content chunk (the sidecar's decode-concurrency area,
+    # sidecar/metrics.py DecodeConcurrency); None when it was not asked for or no chunk came.
+    decode_mark: float | None = None
 
 
 # The fields every chunk carries; a usage chunk with anything else (llama.cpp moves its `timings`
@@ -65,9 +68,10 @@ class StreamTimer:
 
     __slots__ = ("start", "_chat", "_buf", "_first", "_last", "_itl", "_chunks", "_usage", "_finish",
                  "_error", "_error_type", "_model", "_done", "_body", "_strip", "_texts", "_seen_data",
-                 "_timings")
+                 "_timings", "_on_first", "_mark")
 
-    def __init__(self, start: float, kind: str, *, strip_usage: bool = False, collect_text: bool = False):
+    def __init__(self, start: float, kind: str, *, strip_usage: bool = False, collect_text: bool = False,
+                 on_first=None):
         if kind not in ("chat", "completion"):
             raise ValueError(f"StreamTimer kind must be 'chat' or 'completion', got {kind!r}")
         self.start = start
@@ -88,6 +92,10 @@ class StreamTimer:
         self._texts: list[str] | None = [] if collect_text else None
         self._seen_data = False
         self._timings: dict | None = None
+        # Called once, with the time, at the first streamed content chunk; what it returns is kept
+        # as the timing's `decode_mark`.
+        self._on_first = on_first
+        self._mark: float | None = None
 
     # ---- streaming -------------------------------------------------------------------------
     def feed(self, data: bytes, now: float) -> None:
@@ -99,6 +107,8 @@ class StreamTimer:
         ones add one ITL gap each, however many tokens they carry."""
         if self._first is None:
             self._first = now
+            if self._on_first is not None:
+                self._mark = self._on_first(now)
         else:
             self._itl.append(now - self._last)
         self._last = now
@@ -310,7 +320,7 @@ class StreamTimer:
             error=error, usage_seen=isinstance(completion, int), model=self._model, error_type=error_type,
             first_token_at=self._first, output_text="".join(self._texts) if self._texts is not None else None,
             cached_tokens=cached if type(cached) is int else None, engine_queue=_ms(timings.get("queue_ms")),
-            engine_prefill=_ms(timings.get("prompt_ms")))
+            engine_prefill=_ms(timings.get("prompt_ms")), decode_mark=self._mark)
 
 
 def _ms(value) -> float | None:

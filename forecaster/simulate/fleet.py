@@ -95,6 +95,8 @@ class FleetView:
     ttft_sum: float = 0.0
     tpot_sum: float = 0.0
     tpot_count: float = 0.0
+    decode_batch_sum: float = 0.0     # Σ over those TPOTs' requests of the mean batch they decoded in
+    decode_batch_count: float = 0.0
     engine_steps_total: float = 0.0   # decode iterations, summed over replicas
     queue_sum: float = 0.0            # engine queue and prefill time of requests past their first token
     prefill_sum: float = 0.0
@@ -150,6 +152,7 @@ class RequestFleet:
         self._out = self.output.tolist()
         self._left = list(self._prompt)
         self._dec = [0.0] * n
+        self._batch_area = [0.0] * n   # ∫ (requests decoding on its replica) dt over its decode
         self._t_first = [math.nan] * n
         self._t_routed = [math.nan] * n
         self._t_sched = [math.nan] * n
@@ -181,6 +184,9 @@ class RequestFleet:
         self._out_hist = [0] * len(TOKEN_BUCKETS)
         self._tpot_sum = 0.0
         self._tpot_count = 0
+        # The decode batch each TPOT was measured at, as the sidecars export it (sum, count).
+        self._batch_sum = 0.0
+        self._batch_count = 0
         self._arrivals_sq_closed = [0.0] * len(ARRIVAL_WINDOWS_S)   # squares of the replicas' ended windows
         for _ in range(initial_replicas):
             self._add_replica(created_s=-cold_start_s, ready_s=0.0)
@@ -314,6 +320,7 @@ class RequestFleet:
         finished = []
         still_running = False
         last_off = 0.0
+        spans = []
         for i, start in timeline:
             before = start / s_mix if start <= t_prefill else n_mix + (start - t_prefill) / s_pure
             remaining = out[i] - dec[i]
@@ -324,6 +331,7 @@ class RequestFleet:
                 self._t_done[i] = now + off
                 last_off = max(last_off, off)
                 finished.append(i)
+                spans.append((i, start, off))
                 dec[i] += remaining
                 self._output_total += remaining
             else:
@@ -331,7 +339,17 @@ class RequestFleet:
                 dec[i] += gained
                 self._output_total += gained
                 still_running = True
+                spans.append((i, start, dt))
         busy = dt if still_running else max(t_prefill, last_off)
+        if spans:
+            # Each request's share of the tick times the mean count decoding over the tick's
+            # decode spans (a tick is a fraction of a second: finer timing is not the point).
+            lo, hi = min(a for _, a, _ in spans), max(b for _, _, b in spans)
+            length = sum(b - a for _, a, b in spans)
+            mean = length / (hi - lo) if hi > lo else float(len(spans))
+            area = self._batch_area
+            for i, a, b in spans:
+                area[i] += (b - a) * mean
         # Engine iterations (what vllm:iteration_tokens_total counts): mixed steps, then pure ones.
         self._steps_total += n_mix + max(0.0, busy - t_prefill) / s_pure
         if finished:
@@ -348,6 +366,10 @@ class RequestFleet:
                 if out[i] > 1:
                     self._tpot_sum += tpot
                     self._tpot_count += 1
+                    span = self._t_done[i] - self._t_first[i]
+                    if span > 0:
+                        self._batch_sum += self._batch_area[i] / span
+                        self._batch_count += 1
                 self._good[i] = good
                 self._good_total += good
                 r.kv_reserved -= prompt[i] + out[i]
@@ -409,6 +431,7 @@ class RequestFleet:
             finished_total=float(self._finished_total),
             dropped_total=float(self._dropped_total),
             ttft_sum=self._ttft_sum, tpot_sum=self._tpot_sum, tpot_count=float(self._tpot_count),
+            decode_batch_sum=self._batch_sum, decode_batch_count=float(self._batch_count),
             engine_steps_total=self._steps_total, queue_sum=self._queue_sum, prefill_sum=self._prefill_sum,
             prefill_count=float(self._prefill_count),
             input_token_hist=_cumulative(self._in_hist), output_token_hist=_cumulative(self._out_hist),

@@ -211,6 +211,7 @@ class Goodput(Policy):
             preemptions_total=0.0, ready_replicas=view.ready, good_total=view.good_total,
             ended_total=view.finished_total, ttft_sum_total=view.ttft_sum, ttft_count_total=view.finished_total,
             tpot_sum_total=view.tpot_sum, tpot_count_total=view.tpot_count,
+            decode_batch_total=view.decode_batch_sum, decode_batch_count_total=view.decode_batch_count,
             generation_tokens_total=view.output_tokens_total, engine_steps_total=view.engine_steps_total,
             prefill_sum_total=view.prefill_sum, prefill_count_total=view.prefill_count, queue_sum_total=view.queue_sum,
             queue_count_total=view.prefill_count, input_token_hist_total=view.input_token_hist,

@@ -32,6 +32,9 @@ DEFAULT_QUERIES = {
     "ttft_count": "sum(rate(goodput_ttft_seconds_count[{window}]))",
     "tpot_sum": "sum(rate(goodput_tpot_seconds_sum[{window}]))",
     "tpot_count": "sum(rate(goodput_tpot_seconds_count[{window}]))",
+    # The decode batch those TPOTs were measured at (per request, at the sidecars).
+    "decode_batch": "sum(rate(goodput_decode_batch_total[{window}]))",
+    "decode_batch_count": "sum(rate(goodput_decode_batch_requests_total[{window}]))",
     # For the service model (forecaster/service_learn.py): the engines' queue / prefill split and
     # iterations, normalised by the sidecars, and the per-request token histograms by bucket.
     "prefill_sum": "sum(rate(goodput_engine_prefill_time_seconds_sum[{window}]))",
@@ -53,7 +56,7 @@ DEFAULT_QUERIES = {
     "starting_replicas": "",  # e.g. kube-state-metrics: sum(kube_deployment_status_replicas_unavailable{...})
 }
 RATES = ("arrivals", "good", "input_tokens", "output_tokens", "preemptions", "ended", "ttft_sum", "ttft_count",
-         "tpot_sum", "tpot_count", "prefill_sum", "prefill_count", "queue_sum", "queue_count", "generation_tokens",
+         "tpot_sum", "tpot_count", "decode_batch", "decode_batch_count", "prefill_sum", "prefill_count", "queue_sum", "queue_count", "generation_tokens",
          "engine_steps", "prompt_computed")
 # Rates per histogram bucket (one series per `le`), integrated into cumulative counts per bucket.
 BUCKETED = {"input_token_hist": "le", "output_token_hist": "le", "arrivals_sq": "window_seconds"}
@@ -76,6 +79,7 @@ class PrometheusSource:
         self.step_seconds = step_seconds
         self._client = httpx.Client(base_url=url.rstrip("/"), timeout=timeout)
         self._totals = {k: 0.0 for k in RATES}
+        self._exported: set[str] = set()   # rates whose query has returned a series (at 0 or more)
         self._buckets: dict[str, dict[float, float]] = {k: {} for k in BUCKETED}
         self._last_t: float | None = None
         self._starting = 0
@@ -120,6 +124,7 @@ class PrometheusSource:
             if math.isfinite(v):
                 # Rate × elapsed time; a gap longer than the rate window is bridged at the newest rate.
                 self._totals[k] += v * dt
+                self._exported.add(k)
         for k, rates in (buckets or {}).items():
             totals = self._buckets[k]
             for le, v in rates.items():
@@ -140,6 +145,8 @@ class PrometheusSource:
                            good_total=self._totals["good"], ended_total=self._totals["ended"],
                            ttft_sum_total=self._totals["ttft_sum"], ttft_count_total=self._totals["ttft_count"],
                            tpot_sum_total=self._totals["tpot_sum"], tpot_count_total=self._totals["tpot_count"],
+                           decode_batch_total=self._total_if_exported("decode_batch", "decode_batch_count"),
+                           decode_batch_count_total=self._total_if_exported("decode_batch_count", "decode_batch_count"),
                            prefill_sum_total=self._total_if_exported("prefill_sum", "prefill_count"),
                            prefill_count_total=self._total_if_exported("prefill_count", "prefill_count"),
                            queue_sum_total=self._total_if_exported("queue_sum", "queue_count"),
@@ -154,8 +161,9 @@ class PrometheusSource:
 
     def _total_if_exported(self, key: str, gate: str) -> float | None:
         """A running total, or None while the engines have not exported it (an engine without a
-        queue/prefill split or iteration counter: the learner then takes its other paths)."""
-        return self._totals[key] if self._totals[gate] > 0 else None
+        queue/prefill split or iteration counter: the learner then takes its other paths). From
+        0 once the series exists, so the first step with something counted has its increase."""
+        return self._totals[key] if gate in self._exported else None
 
     def _read_slos(self, t: float) -> None:
         """The SLO classes the sidecars announce; kept as they were when the query fails."""

@@ -37,6 +37,9 @@ COUNTERS = {
     "ttft_count": ("goodput_ttft_seconds_count", None),
     "tpot_sum": ("goodput_tpot_seconds_sum", None),
     "tpot_count": ("goodput_tpot_seconds_count", None),
+    # The decode batch those TPOTs were measured at (per request, at the sidecar).
+    "decode_batch": ("goodput_decode_batch_total", None),
+    "decode_batch_count": ("goodput_decode_batch_requests_total", None),
     "prefill_sum": ("goodput_engine_prefill_time_seconds_sum", None),
     "prefill_count": ("goodput_engine_prefill_time_seconds_count", None),
     "queue_sum": ("goodput_engine_queue_time_seconds_sum", None),
@@ -173,6 +176,7 @@ class ScrapeSource:
         self._client = httpx.Client(timeout=timeout)
         self._state: dict[str, _Target] = {}
         self._totals = {k: 0.0 for k in COUNTERS}
+        self._exported: set[str] = set()   # counters some sidecar has exported (at 0 or more)
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="scrape")
         self.last_errors: dict[str, str] = {}
         self.slos: tuple = ()
@@ -211,6 +215,7 @@ class ScrapeSource:
             state = self._state.setdefault(url, _Target())
             for key in COUNTERS:
                 if key in metrics:
+                    self._exported.add(key)
                     got = state.counters[key].update(now, metrics[key])
                     if got is not None:
                         self._totals[key] += got[0]
@@ -235,6 +240,11 @@ class ScrapeSource:
                            good_total=self._totals["good"], ended_total=self._totals["ended"],
                            ttft_sum_total=self._totals["ttft_sum"], ttft_count_total=self._totals["ttft_count"],
                            tpot_sum_total=self._totals["tpot_sum"], tpot_count_total=self._totals["tpot_count"],
+                           # From 0 where the sidecars export it (they do from start), so the first
+                           # step with requests ending has it too.
+                           decode_batch_total=self._totals["decode_batch"] if "decode_batch_count" in self._exported else None,
+                           decode_batch_count_total=self._totals["decode_batch_count"] if "decode_batch_count" in self._exported
+                           else None,
                            prefill_sum_total=self._totals["prefill_sum"] if self._totals["prefill_count"] else None,
                            prefill_count_total=self._totals["prefill_count"] if self._totals["prefill_count"] else None,
                            queue_sum_total=self._totals["queue_sum"] if self._totals["queue_count"] else None,

@@ -52,10 +52,11 @@ def test_contract_lists_every_design_metric_once():
     # goodput_admission_held_seconds (requests held for a decode slot); and how clumped arrivals
     # come, the sidecar's goodput_requests_arrived_squared_total{window_seconds} and the service
     # model's goodput_replica_arrival_dispersion; and its goodput_replica_wait_scale{state} (a
-    # load-aware router's pooling).
-    assert len(contract.by_source("sidecar")) == 44
+    # load-aware router's pooling); and the decode batch each TPOT was measured at,
+    # goodput_decode_batch_total and goodput_decode_batch_requests_total.
+    assert len(contract.by_source("sidecar")) == 46
     assert len(contract.by_source("forecaster")) == 25
-    assert len(contract.METRICS) == 69
+    assert len(contract.METRICS) == 71
 
 
 def test_contract_outcomes_are_the_sidecars():

@@ -120,5 +120,5 @@ def test_every_dashboard_query_is_valid_promql(tmp_path):
     # and concave parts), 14 for admission (shed by reason; predicted TTFT and TPOT, 4 each; their errors, 2 each),
     # 4 for the token mix, 4 for requests held for a decode slot (their rate; the time held p50/p90/p99),
     # 3 for arrival clumping (the dispersion planned on; the 0.1- and 1-s windows' from the sidecars' counters),
-    # 2 for the router's pooling (the wait scale learned and planned on).
-    assert f"SUCCESS: {len(records)} rules found" in proc.stdout and len(records) == 121
+    # 2 for the router's pooling (the wait scale learned and planned on), 1 for the decode batch per request.
+    assert f"SUCCESS: {len(records)} rules found" in proc.stdout and len(records) == 122

@@ -286,3 +286,40 @@ def test_the_real_sidecar_counts_arrival_clumps_per_window_and_the_scrape_reads_
     pages.append(generate_latest(registry).decode())
     assert src.poll(now=15.0).arrivals_squared_total == {0.1: 1.0, 1.0: 3.0, 10.0: 11.0}
     src.close()
+
+
+def test_the_decode_batch_reaches_the_first_step_that_has_requests_ending():
+    # The sidecar creates its decode-batch counters at 0 with a model's first request; the scrape
+    # source reports them from 0 from then on, so the step in which the first requests end has
+    # their batch too (differenced against None, it had none, and the learner fell back to the
+    # running gauge for that step: on the live step test, a point far off the engine's step).
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from forecaster.fleet_sample import step_observation
+    from sidecar.config import DEFAULT_SLO_CONFIG
+    from sidecar.metrics import SidecarMetrics
+    from sidecar.slo import Verdict
+    from sidecar.timing import RequestTiming
+
+    registry = CollectorRegistry()
+    metrics = SidecarMetrics(registry, DEFAULT_SLO_CONFIG)
+    slo = DEFAULT_SLO_CONFIG.classes["interactive"]
+    pages = []
+    src = ScrapeSource(static_targets(["sidecar:8080"]), fetch=lambda url: pages[-1])
+    metrics.arrived_now("m", slo.name)
+    metrics.started("m", slo.name)
+    mark = metrics.decoding.began(10.0)             # its first chunk went by at 10 s
+    pages.append(generate_latest(registry).decode())
+    first = src.poll(now=0.0)
+    assert (first.decode_batch_total, first.decode_batch_count_total) == (0.0, 0.0)
+    other = metrics.decoding.began(11.0)            # another decodes beside it from 11 s ...
+    done = RequestTiming(ttft=0.1, e2e=2.1, itl=[], tpot=0.2, output_tokens=11, input_tokens=2, finish_reasons=[],
+                         error=None, usage_seen=True, model="m", first_token_at=10.0, decode_mark=mark)
+    metrics.finished("m", slo, done, Verdict("good"))    # ... until it ends at 12 s: mean batch 1.5
+    pages.append(generate_latest(registry).decode())
+    second = src.poll(now=2.0)
+    assert (second.decode_batch_total, second.decode_batch_count_total) == (1.5, 1.0)
+    obs = step_observation(first, second, arrival_rps=0.5)
+    assert (obs.decode_batch_sum, obs.decode_batch_count) == (1.5, 1.0)
+    assert metrics.decoding.decoding == 1 and other == 1.0
+    src.close()
