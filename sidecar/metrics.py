@@ -309,9 +309,11 @@ class SidecarMetrics:
         requests, ttft, tpot, e2e, input_tokens, output_tokens, flight = series[:7]
         if in_flight:
             flight.dec()
-        if timing.decode_mark is not None and timing.first_token_at is not None and timing.ttft is not None:
-            batch = self.decoding.ended(timing.first_token_at + timing.e2e - timing.ttft, timing.decode_mark,
-                                        timing.first_token_at)
+        if timing.decode_mark is not None:
+            # It began decoding (its first chunk went by): it leaves the count however it ended.
+            first = timing.first_token_at
+            end = first + timing.e2e - timing.ttft if timing.ttft is not None else first
+            batch = self.decoding.ended(end, timing.decode_mark, first)
             if batch is not None and timing.tpot is not None:
                 series.decode_batch.inc(batch)
                 series.decode_batch_requests.inc()

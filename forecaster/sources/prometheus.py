@@ -56,8 +56,8 @@ DEFAULT_QUERIES = {
     "starting_replicas": "",  # e.g. kube-state-metrics: sum(kube_deployment_status_replicas_unavailable{...})
 }
 RATES = ("arrivals", "good", "input_tokens", "output_tokens", "preemptions", "ended", "ttft_sum", "ttft_count",
-         "tpot_sum", "tpot_count", "decode_batch", "decode_batch_count", "prefill_sum", "prefill_count", "queue_sum", "queue_count", "generation_tokens",
-         "engine_steps", "prompt_computed")
+         "tpot_sum", "tpot_count", "decode_batch", "decode_batch_count", "prefill_sum", "prefill_count", "queue_sum",
+         "queue_count", "generation_tokens", "engine_steps", "prompt_computed")
 # Rates per histogram bucket (one series per `le`), integrated into cumulative counts per bucket.
 BUCKETED = {"input_token_hist": "le", "output_token_hist": "le", "arrivals_sq": "window_seconds"}
 SLO_QUERIES = ("max by (slo_class, objective) (goodput_slo_target_seconds)",

@@ -240,22 +240,27 @@ class ScrapeSource:
                            good_total=self._totals["good"], ended_total=self._totals["ended"],
                            ttft_sum_total=self._totals["ttft_sum"], ttft_count_total=self._totals["ttft_count"],
                            tpot_sum_total=self._totals["tpot_sum"], tpot_count_total=self._totals["tpot_count"],
-                           # From 0 where the sidecars export it (they do from start), so the first
-                           # step with requests ending has it too.
-                           decode_batch_total=self._totals["decode_batch"] if "decode_batch_count" in self._exported else None,
-                           decode_batch_count_total=self._totals["decode_batch_count"] if "decode_batch_count" in self._exported
-                           else None,
-                           prefill_sum_total=self._totals["prefill_sum"] if self._totals["prefill_count"] else None,
-                           prefill_count_total=self._totals["prefill_count"] if self._totals["prefill_count"] else None,
-                           queue_sum_total=self._totals["queue_sum"] if self._totals["queue_count"] else None,
-                           queue_count_total=self._totals["queue_count"] if self._totals["queue_count"] else None,
-                           generation_tokens_total=self._totals["generation_tokens"] or None,
+                           decode_batch_total=self._if_exported("decode_batch", "decode_batch_count"),
+                           decode_batch_count_total=self._if_exported("decode_batch_count", "decode_batch_count"),
+                           prefill_sum_total=self._if_exported("prefill_sum", "prefill_count"),
+                           prefill_count_total=self._if_exported("prefill_count", "prefill_count"),
+                           queue_sum_total=self._if_exported("queue_sum", "queue_count"),
+                           queue_count_total=self._if_exported("queue_count", "queue_count"),
+                           generation_tokens_total=self._if_exported("generation_tokens", "generation_tokens"),
                            input_token_hist_total=_hist(self._totals, "inhist"),
                            output_token_hist_total=_hist(self._totals, "outhist"),
-                           engine_steps_total=self._totals["engine_steps"] or None,
-                           prompt_computed_total=self._totals["prompt_computed"] or None,
+                           engine_steps_total=self._if_exported("engine_steps", "engine_steps"),
+                           prompt_computed_total=self._if_exported("prompt_computed", "prompt_computed"),
                            arrivals_squared_total=_hist(self._totals, "arrsq"),
                            slos=self.slos or None)
+
+    def _if_exported(self, key: str, gate: str) -> float | None:
+        """A running total, or None while no sidecar has exported `gate` (an engine without a
+        queue/prefill split or iteration counter: the learner then takes its other paths). From
+        0 once it is exported (the sidecars create their series at 0), so the first step with
+        something counted has its increase: differenced against None, it had none, and on the
+        live step test the learner fell back to the running gauge for that step."""
+        return self._totals[key] if gate in self._exported else None
 
     def starting_replicas(self) -> int:
         return self._starting() if self._starting else 0
