@@ -178,13 +178,10 @@ class OnlineServiceModel:
                           and o.running_start >= 1.0 and o.ended < o.running_start
                           and min(o.running_start, o.running) >= 2 * r)
         tpot_net = None
-        # The batch those TPOTs were measured at, where the sidecars measure it per request (the
-        # mean count decoding beside each, itself included). Else the running gauge at the step's
-        # ends: an instant's count, noisy against the batch a step's requests lived through, and
-        # that noise flattens the fitted slope (errors in x; on the live step test the slope read
-        # 2.2-2.7 ms a sequence against the engine's 5).
-        seen = o.decode_batch_sum / o.decode_batch_count if (
-            o.decode_batch_count and o.decode_batch_sum is not None and o.decode_batch_count > 0) else None
+        # The batch those TPOTs were measured at, where the sidecars count it per request (itself
+        # included); else the running gauge at the step's ends, an instant's count whose noise
+        # flattens the fitted slope (live step test: 2.2-2.7 ms a sequence against the engine's 5).
+        seen = o.decode_batch_sum / o.decode_batch_count if (o.decode_batch_count or 0) > 0 and o.decode_batch_sum is not None else None
         others = max(0.0, seen - 1.0) if seen is not None else batch
         if o.tpot_count and o.tpot_sum is not None and o.tpot_count > 0:
             tpot = o.tpot_sum / o.tpot_count
@@ -192,13 +189,9 @@ class OnlineServiceModel:
             if y > 0 and math.isfinite(y):
                 tpot_net = y
                 # A decoding request steps beside the batch's others, a Poisson count of mean B:
-                # at 1 + B on average, and its step's concave part is E[ln(1 + K)]. Learned on
-                # steps whose iterations are usable too: this line stands in until the iterations
-                # have a handful of points, and the step it gives is what the prefill below is
-                # read net of. (Left empty after a first step read from iterations, the step was
-                # 0 there, the whole TTFT read as prefill, 25 tok/s where the engine's is 20,000,
-                # and its share taken from the next step's TPOT put that step 8 ms under the
-                # engine's: a point that bent the fitted step concave for the rest of the run.)
+                # at 1 + B on average, its step's concave part E[ln(1 + K)]. Learned on steps read
+                # from iterations too: it stands in until those have five points, and the prefill
+                # below is read net of its step (left empty, a whole TTFT read as prefill once).
                 self._add_decode(1.0 + others, y, float(o.tpot_count), self._decode_tpot,
                                  float(log_one_plus_poisson(others)))
         # The engines' own counters say the step time at the batch this very step ran: iterations
@@ -216,7 +209,7 @@ class OnlineServiceModel:
             if math.isfinite(y) and y > 0 and mean_batch >= 1.0:
                 self._add_decode(mean_batch, y, max(1.0, float(o.tpot_count or o.ended)), z=math.log(mean_batch))
         if tpot_net is not None:
-            self._add_single(tpot_net, others if seen is not None else self._others(o, tpot_net), float(o.tpot_count))
+            self._add_single(tpot_net, self._others(o, tpot_net) if seen is None else others, float(o.tpot_count))
         step = self._mean_step(batch) if self._decode_coeffs()[0] is not None else 0.0
         # Prefill: the seconds a prompt token occupies the prefill queue (its compute plus its
         # share of its chunks' steps). Where the engines time their requests' phases (vLLM's
@@ -453,15 +446,12 @@ class OnlineServiceModel:
                             arrival_dispersion=self.arrival_dispersion(), wait_scale=self.wait_scale(), name="learned", source=f"learned online over {self.num_steps} steps")
 
     def planning_model(self, fitted: ServiceModel | None = None) -> ServiceModel | None:
-        """The model to plan capacity on: the decode step's slope at the steep end of its 90 %
-        band, the line turned about the mean batch of the points it was fitted on (where the
-        intercept and the slope are least correlated), so the steps at the batches seen stay as
-        measured. Capacity is an extrapolation to the batch at the SLO's edge; while the fleet has
-        only run small batches, the slope is barely known (at half a replica's capacity the batch
-        swings between 0 and 4, and the fitted slope read 1.5-3.5 ms where the engine's was 5),
-        and planning on the mean stated capacity up to 3 times too high. As the batches spread,
-        the band closes and this becomes the fitted model. `fitted`: self.model(), where the
-        caller has it already."""
+        """The model to plan capacity on: the decode slope at the steep end of its 90 % band, the
+        line turned about the mean batch it was fitted on (intercept and slope least correlated
+        there), so the steps at the batches seen stay as measured. Capacity extrapolates to the
+        SLO's batch; after only small batches (0-4 at half load) the slope is barely known, and
+        planning on the mean stated capacity up to 3x too high. As the batches spread, the band
+        closes and this becomes the fitted model. `fitted`: self.model(), if the caller has it."""
         m = self.model() if fitted is None else fitted
         fit = self._decode_line().fit(self.num_steps, floor_a=1e-4)
         if m is None or fit is None or not (fit.se_c > 0):
