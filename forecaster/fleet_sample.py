@@ -82,6 +82,31 @@ class FleetSample:
     slos: tuple | None = None                 # the sidecars' SLO classes (service_model.Slo)
 
 
+# Totals a fleet need not export (an engine without a queue/prefill split or iteration counter, a
+# sidecar without the decode batch): FleetSample field -> (the source's total, the total whose
+# export gates it).
+OPTIONAL_TOTALS = {
+    "decode_batch_total": ("decode_batch", "decode_batch_count"),
+    "decode_batch_count_total": ("decode_batch_count", "decode_batch_count"),
+    "prefill_sum_total": ("prefill_sum", "prefill_count"),
+    "prefill_count_total": ("prefill_count", "prefill_count"),
+    "queue_sum_total": ("queue_sum", "queue_count"),
+    "queue_count_total": ("queue_count", "queue_count"),
+    "generation_tokens_total": ("generation_tokens", "generation_tokens"),
+    "engine_steps_total": ("engine_steps", "engine_steps"),
+    "prompt_computed_total": ("prompt_computed", "prompt_computed"),
+}
+
+
+def optional_totals(totals: dict, exported: set) -> dict:
+    """The OPTIONAL_TOTALS fields of a FleetSample from a source's running totals: None while the
+    gating total has not been exported (the learner then takes its other paths), from 0 once it
+    has (the sidecars create their series at 0), so the first step with something counted has its
+    increase. (Differenced against None that step had none: on the live step test the learner
+    then fell back to the running gauge for it.)"""
+    return {name: (totals[key] if gate in exported else None) for name, (key, gate) in OPTIONAL_TOTALS.items()}
+
+
 def delta(prev, cur) -> float | None:
     """A counter's increase over one step; None when unknown or reset (a restarted sidecar)."""
     if prev is None or cur is None or not (math.isfinite(prev) and math.isfinite(cur)) or cur < prev:

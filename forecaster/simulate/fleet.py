@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from forecaster.fleet_sample import FleetSample
 from forecaster.prompt_queue import ARRIVAL_WINDOWS_S
 from forecaster.service_model import TOKEN_BUCKETS
 from forecaster.simulate.profiles import ServiceProfile
@@ -115,6 +116,22 @@ class FleetView:
     @property
     def in_flight(self) -> float:
         return self.waiting + self.running
+
+    def sample(self, slos: tuple | None) -> FleetSample:
+        """What the forecaster reads of this fleet, as the sidecars export it: tokens counted when
+        each request ends (the mix's means divide by those), one sidecar per ready replica."""
+        return FleetSample(
+            t=self.t, arrivals_total=self.arrivals_total, input_tokens_total=self.ended_input_tokens_total,
+            output_tokens_total=self.ended_output_tokens_total, in_flight=self.in_flight, queue_waiting=self.waiting,
+            running=self.running, kv_cache_usage=self.kv_usage, preemptions_total=0.0, ready_replicas=self.ready,
+            good_total=self.good_total, ended_total=self.finished_total, ttft_sum_total=self.ttft_sum,
+            ttft_count_total=self.finished_total, tpot_sum_total=self.tpot_sum, tpot_count_total=self.tpot_count,
+            decode_batch_total=self.decode_batch_sum, decode_batch_count_total=self.decode_batch_count,
+            generation_tokens_total=self.output_tokens_total, engine_steps_total=self.engine_steps_total,
+            prefill_sum_total=self.prefill_sum, prefill_count_total=self.prefill_count, queue_sum_total=self.queue_sum,
+            queue_count_total=self.prefill_count, input_token_hist_total=self.input_token_hist,
+            output_token_hist_total=self.output_token_hist, arrivals_squared_total=self.arrivals_squared_total,
+            slos=slos)
 
     @property
     def spec_replicas(self) -> int:
@@ -320,7 +337,7 @@ class RequestFleet:
         finished = []
         still_running = False
         last_off = 0.0
-        spans = []
+        spans = []           # (request, seconds it decoded in this tick)
         for i, start in timeline:
             before = start / s_mix if start <= t_prefill else n_mix + (start - t_prefill) / s_pure
             remaining = out[i] - dec[i]
@@ -331,7 +348,7 @@ class RequestFleet:
                 self._t_done[i] = now + off
                 last_off = max(last_off, off)
                 finished.append(i)
-                spans.append((i, start, off))
+                spans.append((i, off - start))
                 dec[i] += remaining
                 self._output_total += remaining
             else:
@@ -339,17 +356,17 @@ class RequestFleet:
                 dec[i] += gained
                 self._output_total += gained
                 still_running = True
-                spans.append((i, start, dt))
+                spans.append((i, dt - start))
         busy = dt if still_running else max(t_prefill, last_off)
         if spans:
-            # Each request's share of the tick times the mean count decoding over the tick's
-            # decode spans (a tick is a fraction of a second: finer timing is not the point).
-            lo, hi = min(a for _, a, _ in spans), max(b for _, _, b in spans)
-            length = sum(b - a for _, a, b in spans)
-            mean = length / (hi - lo) if hi > lo else float(len(spans))
+            # Each request's share of the tick times the mean count decoding from the first start
+            # (the timeline's first: those decoding at the tick's start, else the earliest prompt
+            # done) to the last end (a tick is a fraction of a second: finer timing is not the point).
+            span = (dt if still_running else last_off) - timeline[0][1]
+            mean = sum(s for _, s in spans) / span if span > 0 else float(len(spans))
             area = self._batch_area
-            for i, a, b in spans:
-                area[i] += (b - a) * mean
+            for i, s in spans:
+                area[i] += s * mean
         # Engine iterations (what vllm:iteration_tokens_total counts): mixed steps, then pure ones.
         self._steps_total += n_mix + max(0.0, busy - t_prefill) / s_pure
         if finished:

@@ -200,23 +200,7 @@ class Goodput(Policy):
                        scale_down=down)
 
     def compute(self, view, history):
-        from forecaster.fleet_sample import FleetSample
-
-        self.forecaster.observe(FleetSample(
-            t=view.t, arrivals_total=view.arrivals_total,
-            # As the sidecars count them: when each request ends (the mix's means divide by those).
-            input_tokens_total=view.ended_input_tokens_total, output_tokens_total=view.ended_output_tokens_total,
-            in_flight=view.in_flight,
-            queue_waiting=view.waiting, running=view.running, kv_cache_usage=view.kv_usage,
-            preemptions_total=0.0, ready_replicas=view.ready, good_total=view.good_total,
-            ended_total=view.finished_total, ttft_sum_total=view.ttft_sum, ttft_count_total=view.finished_total,
-            tpot_sum_total=view.tpot_sum, tpot_count_total=view.tpot_count,
-            decode_batch_total=view.decode_batch_sum, decode_batch_count_total=view.decode_batch_count,
-            generation_tokens_total=view.output_tokens_total, engine_steps_total=view.engine_steps_total,
-            prefill_sum_total=view.prefill_sum, prefill_count_total=view.prefill_count, queue_sum_total=view.queue_sum,
-            queue_count_total=view.prefill_count, input_token_hist_total=view.input_token_hist,
-            output_token_hist_total=view.output_token_hist, arrivals_squared_total=view.arrivals_squared_total,
-            slos=self.slos))
+        self.forecaster.observe(view.sample(self.slos))
         decision = self.forecaster.decide(view.t, starting_replicas=view.starting)
         self.decisions.append((view.t, decision))
         return decision.desired_replicas

@@ -19,7 +19,7 @@ import time
 
 import httpx
 
-from forecaster.fleet_sample import FleetSample
+from forecaster.fleet_sample import FleetSample, optional_totals
 
 DEFAULT_QUERIES = {
     "arrivals": "sum(rate(goodput_requests_arrived_total[{window}])) or sum(rate(goodput_requests_total[{window}]))",
@@ -145,25 +145,11 @@ class PrometheusSource:
                            good_total=self._totals["good"], ended_total=self._totals["ended"],
                            ttft_sum_total=self._totals["ttft_sum"], ttft_count_total=self._totals["ttft_count"],
                            tpot_sum_total=self._totals["tpot_sum"], tpot_count_total=self._totals["tpot_count"],
-                           decode_batch_total=self._total_if_exported("decode_batch", "decode_batch_count"),
-                           decode_batch_count_total=self._total_if_exported("decode_batch_count", "decode_batch_count"),
-                           prefill_sum_total=self._total_if_exported("prefill_sum", "prefill_count"),
-                           prefill_count_total=self._total_if_exported("prefill_count", "prefill_count"),
-                           queue_sum_total=self._total_if_exported("queue_sum", "queue_count"),
-                           queue_count_total=self._total_if_exported("queue_count", "queue_count"),
-                           generation_tokens_total=self._total_if_exported("generation_tokens", "generation_tokens"),
-                           engine_steps_total=self._total_if_exported("engine_steps", "engine_steps"),
-                           prompt_computed_total=self._total_if_exported("prompt_computed", "prompt_computed"),
+                           **optional_totals(self._totals, self._exported),
                            arrivals_squared_total=dict(self._buckets["arrivals_sq"]) or None,
                            input_token_hist_total=dict(self._buckets["input_token_hist"]) or None,
                            output_token_hist_total=dict(self._buckets["output_token_hist"]) or None,
                            slos=self.slos or None)
-
-    def _total_if_exported(self, key: str, gate: str) -> float | None:
-        """A running total, or None while the engines have not exported it (an engine without a
-        queue/prefill split or iteration counter: the learner then takes its other paths). From
-        0 once the series exists, so the first step with something counted has its increase."""
-        return self._totals[key] if gate in self._exported else None
 
     def _read_slos(self, t: float) -> None:
         """The SLO classes the sidecars announce; kept as they were when the query fails."""

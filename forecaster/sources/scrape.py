@@ -17,7 +17,7 @@ from typing import Callable
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from forecaster.fleet_sample import FleetSample
+from forecaster.fleet_sample import FleetSample, optional_totals
 from forecaster.series import CounterRate
 
 # Demand is counted when a request arrives (goodput_requests_arrived_total); a sidecar older than
@@ -240,27 +240,11 @@ class ScrapeSource:
                            good_total=self._totals["good"], ended_total=self._totals["ended"],
                            ttft_sum_total=self._totals["ttft_sum"], ttft_count_total=self._totals["ttft_count"],
                            tpot_sum_total=self._totals["tpot_sum"], tpot_count_total=self._totals["tpot_count"],
-                           decode_batch_total=self._if_exported("decode_batch", "decode_batch_count"),
-                           decode_batch_count_total=self._if_exported("decode_batch_count", "decode_batch_count"),
-                           prefill_sum_total=self._if_exported("prefill_sum", "prefill_count"),
-                           prefill_count_total=self._if_exported("prefill_count", "prefill_count"),
-                           queue_sum_total=self._if_exported("queue_sum", "queue_count"),
-                           queue_count_total=self._if_exported("queue_count", "queue_count"),
-                           generation_tokens_total=self._if_exported("generation_tokens", "generation_tokens"),
+                           **optional_totals(self._totals, self._exported),
                            input_token_hist_total=_hist(self._totals, "inhist"),
                            output_token_hist_total=_hist(self._totals, "outhist"),
-                           engine_steps_total=self._if_exported("engine_steps", "engine_steps"),
-                           prompt_computed_total=self._if_exported("prompt_computed", "prompt_computed"),
                            arrivals_squared_total=_hist(self._totals, "arrsq"),
                            slos=self.slos or None)
-
-    def _if_exported(self, key: str, gate: str) -> float | None:
-        """A running total, or None while no sidecar has exported `gate` (an engine without a
-        queue/prefill split or iteration counter: the learner then takes its other paths). From
-        0 once it is exported (the sidecars create their series at 0), so the first step with
-        something counted has its increase: differenced against None, it had none, and on the
-        live step test the learner fell back to the running gauge for that step."""
-        return self._totals[key] if gate in self._exported else None
 
     def starting_replicas(self) -> int:
         return self._starting() if self._starting else 0

@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from forecaster.policy import FleetSample, ForecastPolicy, PolicyConfig
+from forecaster.policy import ForecastPolicy, PolicyConfig
 from forecaster.fleet_sample import StepObservation
 from forecaster.service_learn import OnlineServiceModel
 from forecaster.service_model import ServiceModel, Slo, TokenMix
@@ -42,18 +42,7 @@ def _serve(profile, arrivals, prompts, outputs, replicas=1, tick=0.05, policy=No
             t = round(t, 6)   # on the step grid, as the forecaster's own loop keeps it
             next_sample += sample_every
             v = fleet.view(t)
-            policy.observe(FleetSample(t=t, arrivals_total=v.arrivals_total, input_tokens_total=v.ended_input_tokens_total,
-                                       output_tokens_total=v.ended_output_tokens_total, in_flight=v.in_flight,
-                                       queue_waiting=v.waiting, running=v.running, kv_cache_usage=v.kv_usage,
-                                       preemptions_total=0.0, ready_replicas=v.ready, good_total=v.good_total,
-                                       ended_total=v.finished_total, ttft_sum_total=v.ttft_sum,
-                                       ttft_count_total=v.finished_total, tpot_sum_total=v.tpot_sum,
-                                       tpot_count_total=v.tpot_count, decode_batch_total=v.decode_batch_sum,
-                                       decode_batch_count_total=v.decode_batch_count,
-                                       generation_tokens_total=v.output_tokens_total, engine_steps_total=v.engine_steps_total,
-            prefill_sum_total=v.prefill_sum, prefill_count_total=v.prefill_count, queue_sum_total=v.queue_sum,
-            queue_count_total=v.prefill_count, input_token_hist_total=v.input_token_hist,
-            output_token_hist_total=v.output_token_hist, arrivals_squared_total=v.arrivals_squared_total, slos=slos))
+            policy.observe(v.sample(slos))
             decisions.append((t, policy.decide(t), v))
     return fleet, decisions
 
