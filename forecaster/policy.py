@@ -148,7 +148,7 @@ class ForecastPolicy:
         self.online = OnlineCapacity(prior_rps=config.prior_capacity_rps)
         self.service = OnlineServiceModel(prior=config.prior_model, prior_weight=config.prior_weight)
         self.slos: tuple = tuple(config.slos or ())
-        self._recommendations: deque[tuple[float, int]] = deque()
+        self._recommendations: deque[tuple[float, int, int]] = deque()   # (t, recommended, fleet)
         self._prev_in_flight: tuple[float, float] | None = None
         self._capacity_cache: tuple | None = None
         # No burst in the burst floor's memory: the learned wait scale (the router's pooling) is
@@ -434,18 +434,24 @@ class ForecastPolicy:
         return max(1, math.ceil(ttft / self.config.step_seconds - 1e-9))
 
     def _stabilise(self, now: float, raw: int, current: int, demand_floor: int) -> int:
-        """Up at once; down only to the highest recommendation of the last window (as HPA does)."""
+        """Up at once; down only to the highest recommendation of the last window (as HPA does).
+        `current` is the highest count the fleet showed within the window: the HPA reads desired
+        replicas late (the metric delay), so a count published and shown may vanish from the fleet
+        for a step while the HPA acts on an older value. Read from the last step alone, a need equal
+        to what was left withdrew it, the HPA removed the starting pod, the next step ordered it
+        again (on the ServeGen slice, 6 -> 7 -> 6 every 15 s: 57 scale events, 19 without)."""
         window = self.config.scale_down_window_seconds
         if not self._recommendations:
             # As a new HPA does: the window starts full of the replicas already there, so the
             # first minutes, while little is known, do not take away capacity someone sized.
-            self._recommendations.append((now, current))
-        self._recommendations.append((now, raw))
+            self._recommendations.append((now, current, current))
+        self._recommendations.append((now, raw, current))
         while self._recommendations and self._recommendations[0][0] < now - window:
             self._recommendations.popleft()
+        current = max(c for _, _, c in self._recommendations)
         if raw >= current:
             return raw
-        held = max(r for _, r in self._recommendations)
+        held = max(r for _, r, _ in self._recommendations)
         floor = max(raw, min(demand_floor, self.config.max_replicas))
         return max(floor, min(current, held))
 

@@ -373,3 +373,20 @@ def test_with_a_prior_model_the_fleet_is_held_until_the_token_mix_is_known():
     assert policy.capacity_source == "prior"
     assert held[:config.horizon_steps + 1] == [True] * (config.horizon_steps + 1) and not any(held[config.horizon_steps + 2:]), held
     policy.close()
+
+
+def test_a_count_the_fleet_showed_is_not_withdrawn_when_it_vanishes_for_a_step():
+    # The HPA reads desired replicas 30 s late. Asked for 7, the fleet shows the starting pod one
+    # step; the next step the HPA, acting on an older 6, has removed it again. A need of 6 then
+    # must not withdraw the 7: it did, and the HPA removed the pod it had just ordered, every other
+    # step (on the ServeGen slice 6 -> 7 -> 6 every 15 s, 57 scale events where 15 were due). The 7
+    # holds for the scale-down window like any other recommendation; one the fleet never showed
+    # (a fixed fleet, no HPA following) is withdrawn as before.
+    policy = ForecastPolicy(PolicyConfig(capacity_rps=1.0, models=("naive",), scale_down_window_seconds=300.0))
+    fleet = [6, 6, 6, 7] + [6] * 20          # what the fleet shows at each 15-s step
+    needs = [6, 7, 6, 6] + [6] * 20
+    published = [policy._stabilise(15.0 * k, need, seen, 0) for k, (need, seen) in enumerate(zip(needs, fleet))]
+    assert published[:3] == [6, 7, 6], published   # ordered, not yet shown, withdrawn (nothing to remove)
+    assert set(published[3:22]) == {7}, published   # shown once: held until 300 s after the last 7
+    assert published[22:] == [6, 6], published
+    policy.close()
