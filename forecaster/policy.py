@@ -10,7 +10,8 @@
    forecast's upper bound (its level the forecast's or the last window's mean, whichever has
    forecast such windows better: forecaster/demand.py); never fewer than today's rate and queue
    need, the demand's upper bound, or the floor recurring bursts shorter than the cold start need; scale down only once
-   the stabilisation window agrees (seeded, as a new HPA's, with the replicas already there),
+   the stabilisation window agrees (seeded, as a new HPA's, with the replicas already there;
+   compared with the most replicas the fleet showed in it),
    and never below the demand's upper bound. Until a rate is known, the current count.
 
 `target_queue` is for the whole fleet (requests waiting, summed over replicas).
