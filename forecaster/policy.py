@@ -440,7 +440,7 @@ class ForecastPolicy:
         replicas late (the metric delay), so a count published and shown may vanish from the fleet
         for a step while the HPA acts on an older value. Read from the last step alone, a need equal
         to what was left withdrew it, the HPA removed the starting pod, the next step ordered it
-        again (on the ServeGen slice, 6 -> 7 -> 6 every 15 s: 57 scale events, 19 without)."""
+        again (on the ServeGen slice, 6 -> 7 -> 6 every 15 s: 57 scale events, 19 with this rule)."""
         window = self.config.scale_down_window_seconds
         if not self._recommendations:
             # As a new HPA does: the window starts full of the replicas already there, so the

@@ -379,7 +379,7 @@ def test_a_count_the_fleet_showed_is_not_withdrawn_when_it_vanishes_for_a_step()
     # The HPA reads desired replicas 30 s late. Asked for 7, the fleet shows the starting pod one
     # step; the next step the HPA, acting on an older 6, has removed it again. A need of 6 then
     # must not withdraw the 7: it did, and the HPA removed the pod it had just ordered, every other
-    # step (on the ServeGen slice 6 -> 7 -> 6 every 15 s, 57 scale events where 15 were due). The 7
+    # step (on the ServeGen slice 6 -> 7 -> 6 every 15 s: 57 scale events, 19 with this rule). The 7
     # holds for the scale-down window like any other recommendation; one the fleet never showed
     # (a fixed fleet, no HPA following) is withdrawn as before.
     policy = ForecastPolicy(PolicyConfig(capacity_rps=1.0, models=("naive",), scale_down_window_seconds=300.0))
