@@ -436,11 +436,12 @@ class ForecastPolicy:
 
     def _stabilise(self, now: float, raw: int, current: int, demand_floor: int) -> int:
         """Up at once; down only to the highest recommendation of the last window (as HPA does).
-        `current` is the highest count the fleet showed within the window: the HPA reads desired
-        replicas late (the metric delay), so a count published and shown may vanish from the fleet
-        for a step while the HPA acts on an older value. Read from the last step alone, a need equal
-        to what was left withdrew it, the HPA removed the starting pod, the next step ordered it
-        again (on the ServeGen slice, 6 -> 7 -> 6 every 15 s: 57 scale events, 19 with this rule)."""
+        The need is compared with the most replicas the fleet showed (`current`, ready + starting,
+        at each step) within the window: the HPA reads desired replicas late (the metric delay),
+        so a count published and shown may vanish from the fleet for a step while the HPA acts on
+        an older value. Read from the last step alone, a need equal to what was left withdrew it,
+        the HPA removed the starting pod, the next step ordered it again (on the ServeGen slice,
+        6 -> 7 -> 6 every 15 s: 57 scale events, 19 with this rule)."""
         window = self.config.scale_down_window_seconds
         if not self._recommendations:
             # As a new HPA does: the window starts full of the replicas already there, so the
@@ -449,12 +450,12 @@ class ForecastPolicy:
         self._recommendations.append((now, raw, current))
         while self._recommendations and self._recommendations[0][0] < now - window:
             self._recommendations.popleft()
-        current = max(c for _, _, c in self._recommendations)
-        if raw >= current:
+        shown = max(c for _, _, c in self._recommendations)
+        if raw >= shown:
             return raw
         held = max(r for _, r, _ in self._recommendations)
         floor = max(raw, min(demand_floor, self.config.max_replicas))
-        return max(floor, min(current, held))
+        return max(floor, min(shown, held))
 
     def close(self) -> None:
         self.selector.close()
