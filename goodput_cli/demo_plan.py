@@ -3,11 +3,13 @@ phases cut from a real trace.
 
 Calibration measures, through the sidecar, the two things a replica's SLO capacity rests on:
 prefill speed (TTFT of a short and a long prompt, one at a time, one output token each, the
-median of three) and the decode step against the batch (TPOT of one stream alone, then of
-eight at once); then open-loop Poisson arrivals with the trace's own mix, 8 s at 0.3 of the
-capacity those probes give and 12 s at the capacity a fit to that gives, whose requests' TPOTs
-(each against the batch it decoded in) and mean TTFT pin the decode slope and the fixed overhead
-(what a live mix costs a step, which short probes miss). A ramp measured by the sidecar (8 s steps from the model's capacity, x1.5 a step)
+median of three) and the decode step against the batch (TPOT of one stream alone, then of 8
+and of 32 at once, each with prompts of the mix's mean length: the step's line and its concave
+part, forecaster.service_prior.step_curve); then open-loop Poisson arrivals with the trace's own
+mix, 8 s at 0.3 of the capacity those probes give and 12 s at 0.7 of the capacity a fit to that
+gives (under the knee even where the probes overstate it), whose requests' TPOTs (each against
+the batch it decoded in) and mean TTFT pin the decode slope and the fixed overhead (what a live
+mix costs a step, which short probes miss). A ramp measured by the sidecar (8 s steps from the model's capacity, x1.5 a step)
 was tried and dropped: 8 s at a rate is too short for a queue to build, so every step "met" the
 objective up to 4 req/s and the phases cut to that overloaded the replica from phase 1. The result is a `goodput bench engine`-shaped result, so the forecaster takes them as its `--prior` and
 the service model of `forecaster.service_model` turns them into requests/s within the SLO for
@@ -34,7 +36,8 @@ from sidecar.loadgen.workload import arrivals as schedule
 CALIBRATION_CLASS = "calibrate"
 SHORT_PROMPT = 16            # tokens: TTFT of this is (almost) the fixed overhead
 DECODE_TOKENS = 24           # output tokens of a decode probe
-DECODE_BATCH = 8             # the larger of the two decode probes
+DECODE_BATCHES = (8, 32)     # the decode probes beside the one-sequence one: three points give the
+                             # step's concave part (forecaster.service_prior.step_curve)
 
 
 @dataclass(frozen=True)
@@ -165,9 +168,9 @@ async def _probe(cfg, prompts, requests: list[PlannedRequest]):
     return records
 
 
-async def measure(cfg, prompts, long_prompt: int) -> tuple[dict, float]:
-    """Prefill and decode probes against the endpoint in `cfg`; (bench-shaped dict, TTFT of the
-    short prompt alone)."""
+async def measure(cfg, prompts, long_prompt: int, decode_prompt: int = SHORT_PROMPT) -> tuple[dict, float]:
+    """Prefill and decode probes against the endpoint in `cfg`, the decode probes' prompts
+    `decode_prompt` tokens long; (bench-shaped dict, TTFT of the short prompt alone)."""
     one = lambda n_in, n_out: PlannedRequest(0.0, n_in, n_out, slo_class=CALIBRATION_CLASS)  # noqa: E731
     await _probe(cfg, prompts, [one(SHORT_PROMPT, 4)])                      # warm-up
     short, long = [], []
@@ -176,19 +179,21 @@ async def measure(cfg, prompts, long_prompt: int) -> tuple[dict, float]:
         long.append((await _probe(cfg, prompts, [one(long_prompt, 1)]))[0].ttft)
     t_short, t_long = statistics.median(short), statistics.median(long)
     prefill = (long_prompt - SHORT_PROMPT) / max(t_long - t_short, 1e-6)
-    single = await _probe(cfg, prompts, [one(SHORT_PROMPT, DECODE_TOKENS)])
-    batch = await _probe(cfg, prompts, [one(SHORT_PROMPT, DECODE_TOKENS) for _ in range(DECODE_BATCH)])
+    single = await _probe(cfg, prompts, [one(decode_prompt, DECODE_TOKENS)])
     step1 = single[0].tpot
-    step_b = statistics.median(r.tpot for r in batch)
+    decode = [{"batch": 1, "step_s": step1}]
+    for size in DECODE_BATCHES:
+        batch = await _probe(cfg, prompts, [one(decode_prompt, DECODE_TOKENS) for _ in range(size)])
+        decode.append({"batch": size, "step_s": max(statistics.median(r.tpot for r in batch), step1)})
     bench = {"model": cfg.model, "source": "goodput demo calibration (HTTP probes through the sidecar)",
-             "engine_decode": [{"batch": 1, "step_s": step1}, {"batch": DECODE_BATCH, "step_s": max(step_b, step1)}],
+             "engine_decode": decode,
              "engine_prefill": {"tokens_per_s": prefill, "prompt_tokens": long_prompt},
              # The forecaster's online fit weighs this prior as the requests it was measured on.
-             "prior_weight_requests": len(short) + len(long) + 1 + DECODE_BATCH}
+             "prior_weight_requests": len(short) + len(long) + 1 + sum(DECODE_BATCHES)}
     return bench, t_short
 
 
-OPERATING_LOADS = (0.3, 1.0)        # the open-loop points: of the probes' capacity, then of the first fit's
+OPERATING_LOADS = (0.3, 0.7)        # the open-loop points: of the probes' capacity, then of the first fit's
 OPERATING_SECONDS = (8.0, 12.0)
 
 
@@ -238,7 +243,7 @@ def _overlap(a: float, b: float, spans: list[tuple[float, float]], skip: int) ->
     return sum(max(0.0, min(b, y) - max(a, x)) for j, (x, y) in enumerate(spans) if j != skip)
 
 
-def fit_to_operating_point(model, mix, rate: float, records):
+def fit_to_operating_point(model, mix, rate: float, records, min_batch: float = 0.0):
     """The decode slope (seconds per sequence in the batch) that the run's requests show, each
     against the batch it actually decoded in (`decode_loads`): TPOT = step(batch) + the prefill
     that ran during its decode per gap, with only the step's slope fitted (least squares) and its
@@ -246,15 +251,20 @@ def fit_to_operating_point(model, mix, rate: float, records):
     gap at `rate`. The probes alone miss what a live mix costs a step (longer contexts, the other
     processes on the machine); one measured operating point pins it. With too few requests to fit
     (fewer than 3 that decoded, or none beside another where the model's step has a one-sequence
-    figure of its own), the model is returned as it is."""
-    import math
-
+    figure of its own), the model is returned as it is. Where the requests decoded in batches of
+    fewer than `min_batch` on average, the slope is the probes' (only the overhead is fitted): a
+    line through small batches extrapolates the steep start of a concave step. SmolLM2 in float32
+    on a 2-core AMD EPYC steps 43, 75 and 106 ms at 1, 2 and 4 sequences and 172 ms at 32; fitted
+    at 0.8-1.3 req/s (batches of 2-3) the slope read 17-22 ms a sequence, and the capacity 1.0-1.2
+    req/s where the engine met the objective at 4.5."""
     import numpy as np
 
     tpots, batches, interference = decode_loads(records, model.prefill_tokens_per_s)
     ttfts = [r.ttft for r in records if r.ttft is not None]
     if len(tpots) < 3 or not ttfts:
         return model
+    if float(np.mean(batches)) < min_batch:
+        return _with_overhead(model, mix, rate, ttfts)
     # step(b) is linear in c for any shape of the model's step: f0 + c·f1.
     flat, unit = replace(model, decode_per_seq_s=0.0), replace(model, decode_per_seq_s=1.0)
     f0 = np.array([flat.step_s(b) for b in batches])
@@ -263,7 +273,15 @@ def fit_to_operating_point(model, mix, rate: float, records):
         return model
     y = np.array(tpots) - np.array(interference) - f0
     c = max(0.0, float(np.sum(f1 * y) / np.sum(f1 * f1)))
-    fitted = replace(model, decode_per_seq_s=c, ttft_overhead_s=0.0)
+    return _with_overhead(replace(model, decode_per_seq_s=c), mix, rate, ttfts)
+
+
+def _with_overhead(model, mix, rate: float, ttfts: list[float]):
+    """`model` with the fixed TTFT overhead that closes the mean TTFT gap at `rate` (never less
+    than the one it has)."""
+    import numpy as np
+
+    fitted = replace(model, ttft_overhead_s=0.0)
     pred = fitted.predict(rate, mix)
     ttft_pred = float(np.mean(pred.ttft_s)) if pred.stable else math.inf
     overhead = max(0.0, float(np.mean(ttfts)) - ttft_pred) if math.isfinite(ttft_pred) else model.ttft_overhead_s
@@ -286,7 +304,7 @@ def calibrate(cfg, prompts: Callable[[int], object], mix_prompt: list[int], mix_
     # The longest prompt of the mix (at least 256 tokens): the prefill rate is a slope, and a
     # short one would drown it in the fixed overhead's noise.
     long_prompt = max(256, int(max(mix_prompt)))
-    bench, t_short = asyncio.run(measure(cfg, prompts, long_prompt))
+    bench, t_short = asyncio.run(measure(cfg, prompts, long_prompt, max(SHORT_PROMPT, round(float(np.mean(mix_prompt))))))
     model = model_from_bench(bench, step_token_budget=step_token_budget, max_batch=max_batch)
     # The fixed overhead is what the short prompt's TTFT holds beyond what the model itself
     # predicts for it on an idle replica (its prefill and the steps around it), so it is not
@@ -301,8 +319,10 @@ def calibrate(cfg, prompts: Callable[[int], object], mix_prompt: list[int], mix_
                            f"decode step {bench['engine_decode'][0]['step_s'] * 1000:.0f} ms at batch 1, "
                            f"prefill {bench['engine_prefill']['tokens_per_s']:.0f} tokens/s; loosen the SLO")
     # Open loop with the trace's own mix, twice: first at a share of the probes' capacity that is
-    # safe even where short probes overstate it several-fold, then at the capacity that first fit
-    # gives, nearer the rates the phases run at, with batches large enough to pin the decode slope;
+    # safe even where short probes overstate it several-fold, then at 0.7 of the capacity that
+    # first fit gives, nearer the rates the phases run at, with batches large enough to pin the
+    # decode slope, and under the knee where the concave step reads it high (at all of it, the
+    # point ran past the knee on the Xeon host: docs/service_model/tried-concave-calibration.md);
     # each fit takes the slope from the batches the run's requests decoded in, not from its rate.
     tpots: list = []
     ttfts: list = []
@@ -317,7 +337,7 @@ def calibrate(cfg, prompts: Callable[[int], object], mix_prompt: list[int], mix_
                                                       seed=5 + k))
         tpots = [r.tpot for r in records if r.tpot is not None and r.output_tokens > 1]
         ttfts = [r.ttft for r in records if r.ttft is not None]
-        model = fit_to_operating_point(first, mix, rate, records)
+        model = fit_to_operating_point(first, mix, rate, records, min_batch=DECODE_BATCHES[0])
         if not model.slo_capacity_rps(mix, slo) > 0:
             break
     capacity = model.slo_capacity_rps(mix, slo)
@@ -325,16 +345,17 @@ def calibrate(cfg, prompts: Callable[[int], object], mix_prompt: list[int], mix_
         raise RuntimeError(f"at {rate:.2f} req/s this engine's mean TPOT was {np.mean(tpots) * 1000:.0f} ms and TTFT "
                            f"{np.mean(ttfts) * 1000:.0f} ms: the service model fitted to that serves nothing within "
                            f"TTFT {ttft} s / TPOT {tpot} s; loosen the SLO")
-    # The forecaster's prior: the fitted line, at batch 1 and DECODE_BATCH, beside the raw probes.
+    # The forecaster's prior: the fitted step at the probes' batches, beside the raw probes.
     bench["probes"] = {"engine_decode": bench["engine_decode"], "operating_point": {
         "rate": rate, "requests": len(records), "tpot_mean_s": float(np.mean(tpots)) if tpots else None,
         "ttft_mean_s": float(np.mean(ttfts)) if ttfts else None}}
-    bench["engine_decode"] = [{"batch": b, "step_s": model.step_s(b)} for b in (1, DECODE_BATCH)]
+    bench["engine_decode"] = [{"batch": b, "step_s": model.step_s(b)} for b in (1, *DECODE_BATCHES)]
     bench["ttft_overhead_s"] = model.ttft_overhead_s
     bench["prior_weight_requests"] += len(records)
     seconds = time.monotonic() - t0
     line = (f"measured in {seconds:.0f} s: prefill {model.prefill_tokens_per_s:.0f} tokens/s; decode step "
-            f"{model.decode_base_s * 1000:.0f} ms + {model.decode_per_seq_s * 1000:.1f} ms per sequence, the slope "
+            f"{model.decode_base_s * 1000:.0f} ms + {model.decode_per_seq_s * 1000:.1f} ms per sequence + "
+            f"{model.decode_log_s * 1000:.1f} ms·ln(sequences), the slope "
             f"fitted to the TPOTs of {len(tpots)} requests at {rate:.2f} req/s open loop, each against the batch "
             f"it decoded in (mean TPOT {np.mean(tpots) * 1000:.0f} ms); TTFT overhead {model.ttft_overhead_s * 1000:.0f} ms -> the service "
             f"model serves {capacity:.2f} req/s of this trace's mix (mean {np.mean(mix_prompt):.0f} prompt + "

@@ -78,19 +78,18 @@ BUILTIN = {p.name: p for p in (CPU_SMOLLM2, H100_70B)}
 
 def profile_from_bench(bench: dict, name: str = "bench", base: ServiceProfile = CPU_SMOLLM2) -> ServiceProfile:
     """A profile from a `goodput bench engine --json` result: step(b) fitted by least squares to its
-    decode points (batch, step_s), prefill from its prefill run; KV, batch limits and SLO from `base`."""
+    decode points (batch, step_s), the concave part too from three batch sizes on
+    (forecaster.service_prior.step_curve, as the forecaster's prior reads the same file), prefill
+    from its prefill run; KV, batch limits and SLO from `base`."""
+    from forecaster.service_prior import step_curve
+
     points = [(float(d["batch"]), float(d["step_s"])) for d in bench["engine_decode"]]
     if len(points) < 2:
         raise ValueError(f"bench result {name!r} needs decode step times at two or more batch sizes")
-    n = len(points)
-    mean_b = sum(b for b, _ in points) / n
-    mean_s = sum(s for _, s in points) / n
-    var = sum((b - mean_b) ** 2 for b, _ in points)
-    slope = max(0.0, sum((b - mean_b) * (s - mean_s) for b, s in points) / var) if var else 0.0
-    intercept = max(1e-4, mean_s - slope * mean_b)
+    a, c, d = step_curve([b for b, _ in points], [s for _, s in points])
     return ServiceProfile(
         name=name, prefill_tokens_per_s=float(bench["engine_prefill"]["tokens_per_s"]),
-        decode_base_s=intercept, decode_per_seq_s=slope, kv_capacity_tokens=base.kv_capacity_tokens,
+        decode_base_s=max(1e-4, a), decode_per_seq_s=c, decode_log_s=d, kv_capacity_tokens=base.kv_capacity_tokens,
         max_batch=base.max_batch, step_token_budget=base.step_token_budget, slo=base.slo,
         source=f"goodput bench engine result ({bench.get('model', '?')}): decode {points}, "
                f"prefill {bench['engine_prefill']['tokens_per_s']:.0f} tok/s; KV, batch and SLO from {base.name}")

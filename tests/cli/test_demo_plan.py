@@ -199,3 +199,31 @@ def test_an_operating_point_where_every_request_decoded_alone_leaves_a_one_seque
     alone = [RequestRecord(index=i, scheduled=10.0 * i, sent=10.0 * i, input_tokens=50, max_tokens=10, ttft=0.2,
                            tpot=0.07, e2e=0.83, output_tokens=10) for i in range(4)]
     assert fit_to_operating_point(model, TokenMix.from_samples([50], [10]), 0.1, alone) is model
+
+
+def test_small_batches_leave_the_probes_slope_alone():
+    """A live step that costs more than the probes' by a constant (the client and the sidecar share
+    the cores) shows at small batches as a steep slope: fitted through batches of about 2 it cut the
+    capacity to half (AMD EPYC host: 1.0-1.2 req/s calibrated, 4.5 met). Under `min_batch` the
+    probes' slope stays; above it the run's slope is fitted as before (the test above)."""
+    from dataclasses import replace
+
+    from forecaster.service_model import Slo, TokenMix
+    from forecaster.simulate.profiles import ServiceProfile
+    from goodput_cli.demo_plan import DECODE_BATCHES, fit_to_operating_point
+
+    engine = ServiceProfile(name="e", prefill_tokens_per_s=800.0, decode_base_s=0.060, decode_per_seq_s=0.001,
+                            decode_log_s=0.030, kv_capacity_tokens=1e6, max_batch=64, step_token_budget=512,
+                            slo=Slo(3.0, 0.5))
+    probes = replace(engine, decode_base_s=0.040)       # the curve's shape right, 20 ms a step under
+    mix = TokenMix.from_samples(list(range(30, 120)), [20 + i % 13 for i in range(90)])
+    slo = [Slo(3.0, 0.5, 0.9, "demo")]
+    truth = engine.slo_capacity_rps(mix, slo)
+    for seed in range(3):
+        records = _engine_run(engine, 1.0, 12.0, seed)
+        kept = fit_to_operating_point(probes, mix, 1.0, records, min_batch=DECODE_BATCHES[0])
+        assert kept.decode_per_seq_s == probes.decode_per_seq_s
+        assert kept.slo_capacity_rps(mix, slo) == pytest.approx(truth, rel=0.1)
+        through_small = fit_to_operating_point(probes, mix, 1.0, records)
+        assert through_small.decode_per_seq_s > 4 * probes.decode_per_seq_s
+        assert through_small.slo_capacity_rps(mix, slo) < 0.6 * truth
