@@ -9,7 +9,8 @@ part, forecaster.service_prior.step_curve); then open-loop Poisson arrivals with
 mix, 8 s at 0.3 of the capacity those probes give and 12 s at 0.7 of the capacity a fit to that
 gives (under the knee even where the probes overstate it), whose requests' TPOTs (each against
 the batch it decoded in) and mean TTFT pin the decode slope and the fixed overhead (what a live
-mix costs a step, which short probes miss). A ramp measured by the sidecar (8 s steps from the model's capacity, x1.5 a step)
+mix costs a step, which short probes miss); the slope only where those batches average 8 or
+more, since a line through smaller ones reads the steep start of a concave step as its slope. A ramp measured by the sidecar (8 s steps from the model's capacity, x1.5 a step)
 was tried and dropped: 8 s at a rate is too short for a queue to build, so every step "met" the
 objective up to 4 req/s and the phases cut to that overloaded the replica from phase 1. The result is a `goodput bench engine`-shaped result, so the forecaster takes them as its `--prior` and
 the service model of `forecaster.service_model` turns them into requests/s within the SLO for
