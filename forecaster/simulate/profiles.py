@@ -5,19 +5,21 @@ A profile is the simulator's whole knowledge of the serving engine. It comes fro
 or from one of the built-in profiles, whose sources are stated next to their numbers.
 
 Each profile is an instance of forecaster.service_model.ServiceModel, the model the forecaster
-plans with, plus the SLO its scenario is scored against. Decode step time is linear in the batch:
-step(b) = decode_base_s + decode_per_seq_s * b. That is what a memory-bound decoder does (every
-step reads all weights once; each sequence adds its KV reads and a little compute), and both
-built-in profiles are fitted to two measured points.
+plans with, plus the SLO its scenario is scored against. The built-in profiles' decode step is
+linear in the batch, step(b) = decode_base_s + decode_per_seq_s * b, fitted to two measured points:
+what a memory-bound decoder does (every step reads all weights once; each sequence adds its KV
+reads and a little compute). A bench result with three or more batch sizes also gets the step's
+concave part (decode_log_s · ln b), as a CPU's step needs.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from forecaster.service_model import ServiceModel, Slo
+from forecaster.service_prior import model_from_bench
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,22 +79,19 @@ BUILTIN = {p.name: p for p in (CPU_SMOLLM2, H100_70B)}
 
 
 def profile_from_bench(bench: dict, name: str = "bench", base: ServiceProfile = CPU_SMOLLM2) -> ServiceProfile:
-    """A profile from a `goodput bench engine --json` result: step(b) fitted by least squares to its
-    decode points (batch, step_s), the concave part too from three batch sizes on
-    (forecaster.service_prior.step_curve, as the forecaster's prior reads the same file), prefill
-    from its prefill run; KV, batch limits and SLO from `base`."""
-    from forecaster.service_prior import step_curve
-
+    """A profile from a `goodput bench engine --json` result, read as the forecaster reads it for
+    its prior (forecaster.service_prior.model_from_bench: the step's line, its concave part from
+    three batch sizes on, prefill from its prefill run); KV, batch limits and SLO from `base`."""
+    try:
+        model = model_from_bench(bench, step_token_budget=base.step_token_budget, max_batch=base.max_batch,
+                                 kv_capacity_tokens=base.kv_capacity_tokens)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"bench result {name!r}: {exc}") from None
     points = [(float(d["batch"]), float(d["step_s"])) for d in bench["engine_decode"]]
-    if len(points) < 2:
-        raise ValueError(f"bench result {name!r} needs decode step times at two or more batch sizes")
-    a, c, d = step_curve([b for b, _ in points], [s for _, s in points])
-    return ServiceProfile(
-        name=name, prefill_tokens_per_s=float(bench["engine_prefill"]["tokens_per_s"]),
-        decode_base_s=max(1e-4, a), decode_per_seq_s=c, decode_log_s=d, kv_capacity_tokens=base.kv_capacity_tokens,
-        max_batch=base.max_batch, step_token_budget=base.step_token_budget, slo=base.slo,
-        source=f"goodput bench engine result ({bench.get('model', '?')}): decode {points}, "
-               f"prefill {bench['engine_prefill']['tokens_per_s']:.0f} tok/s; KV, batch and SLO from {base.name}")
+    values = {f.name: getattr(model, f.name) for f in fields(ServiceModel)}
+    values.update(name=name, source=f"goodput bench engine result ({bench.get('model', '?')}): decode {points}, "
+                                    f"prefill {model.prefill_tokens_per_s:.0f} tok/s; KV, batch and SLO from {base.name}")
+    return ServiceProfile(**values, slo=base.slo)
 
 
 def load_profile(name_or_path: str) -> ServiceProfile:

@@ -19,7 +19,7 @@ def _bench(points: dict) -> dict:
             "engine_prefill": {"tokens_per_s": 590.0}}
 
 
-def test_three_batch_sizes_give_the_concave_step_where_the_line_doubles_it():
+def test_three_batch_sizes_give_the_concave_step_where_the_line_overstates_it():
     a, c, d = step_curve(list(EPYC), list(EPYC.values()))
     assert d > 0 and c >= 0
     for b, s in EPYC.items():

@@ -36,3 +36,26 @@ def test_builtin_profiles_match_their_stated_sources():
 def test_unknown_profile_says_what_exists():
     with pytest.raises(ValueError, match="cpu-smollm2, h100-70b"):
         load_profile("a100-7b")
+
+
+def test_bench_result_is_read_as_the_forecasters_prior_reads_it(tmp_path):
+    """One reader for a bench result: the simulator's profile and the forecaster's prior
+    (forecaster.service_prior.model_from_bench) get the same step, concave from three batch sizes
+    on (the AMD EPYC host's SmolLM2 float32 steps), and the same error for a bad file."""
+    from forecaster.service_prior import model_from_bench
+
+    bench = {"model": "smollm2", "engine_decode": [{"batch": b, "step_s": s} for b, s in
+                                                   ((1, 0.0431), (8, 0.1010), (32, 0.1722))],
+             "engine_prefill": {"tokens_per_s": 590.0}}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(bench))
+    profile = load_profile(str(path))
+    prior = model_from_bench(bench)
+    assert profile.decode_log_s > 0
+    for b in (1, 4, 16, 32, 64):
+        assert profile.step_s(b) == pytest.approx(prior.step_s(b))
+    assert profile.step_s(32) == pytest.approx(0.1722, rel=0.05)
+    bad = tmp_path / "one-point.json"
+    bad.write_text(json.dumps({**bench, "engine_decode": bench["engine_decode"][:1]}))
+    with pytest.raises(ValueError, match="two or more batch sizes"):
+        load_profile(str(bad))
