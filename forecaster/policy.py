@@ -11,8 +11,9 @@
    forecast such windows better: forecaster/demand.py); never fewer than today's rate and queue
    need, the demand's upper bound, or the floor recurring bursts shorter than the cold start need; scale down only once
    the stabilisation window agrees (seeded, as a new HPA's, with the replicas already there;
-   compared with the most replicas the fleet showed in it),
-   and never below the demand's upper bound. Until a rate is known, the current count.
+   compared with the most replicas the fleet showed in it), never below the demand's upper bound,
+   and not at all while the fleet shows it is short now (its backlog growing, or its SLO missed
+   beyond chance: forecaster/overload.py). Until a rate is known, the current count.
 
 `target_queue` is for the whole fleet (requests waiting, summed over replicas).
 """
@@ -30,6 +31,7 @@ from forecaster.capacity import OnlineCapacity
 from forecaster.demand import DemandWindow, cumulative_upper, demand_spread, rate_lower_bound, without_poisson
 from forecaster.fleet_sample import FleetSample, delta, step_observation
 from forecaster.models import Model, make_model
+from forecaster.overload import ShortNow
 from forecaster.selection import ModelSelector
 from forecaster.series import GaugeSeries, RateSeries
 from forecaster.service_learn import OnlineServiceModel
@@ -152,9 +154,9 @@ class ForecastPolicy:
         self._recommendations: deque[tuple[float, int, int]] = deque()   # (t, recommended, fleet)
         self._prev_in_flight: tuple[float, float] | None = None
         self._capacity_cache: tuple | None = None
-        # No burst in the burst floor's memory: the learned wait scale (the router's pooling) is
-        # priced only then; while one is, the replicas are planned as their own queues.
+        # No burst in the burst floor's memory: only then is the learned wait scale priced.
         self._calm = False
+        self.short = ShortNow((1.0 + config.interval) / 2.0, config.horizon_steps)   # short now (overload.py)
         self.last_observation: StepObservation | None = None
         # Per step, per ready replica: good requests/s where the SLO held (else 0), arrivals/s, and
         # requests in flight at its end. Capacity is at least what a window of them sustained.
@@ -182,6 +184,9 @@ class ForecastPolicy:
             self.slos = tuple(sample.slos)
         if prev is not None:
             obs = step_observation(prev, sample, arrivals)
+            self.short.observe(sample.in_flight - prev.in_flight, (arrivals or 0.0) * (sample.t - prev.t),
+                               delta(prev.good_total, sample.good_total), delta(prev.ended_total, sample.ended_total),
+                               sample.arrivals_total, sample.in_flight)
             if obs is not None:
                 self.last_observation = obs
                 self._calm = self._no_burst()
@@ -400,12 +405,22 @@ class ForecastPolicy:
         raw = min(cfg.max_replicas, max(cfg.min_replicas, *terms.values()))
         desired = self._stabilise(now, raw, ready + starting, max(demand_floor, burst))
         reasons = decision_reasons(terms, raw, cfg.max_replicas)
+        if self.short.last is not None and desired < self.short.last:
+            short = self.short.reasons(self._target_ratio(), self._feasible())
+            if short:
+                desired, reasons = self.short.last, reasons + short
+        self.short.published(desired)
         self._slo_capacity()   # the latency forecast needs the fitted model, configured capacity or not
         ttft, tpot = self._latency_forecast((float(fc.mean[-1]), float(fc.upper[-1])), max(1, ready + starting))
         return Decision(int(desired), float(q_mean), float(q_upper), float(fc.mean[-1]), float(fc.upper[-1]),
                         float(mu), fc.model_name, ttft_s=ttft, tpot_s=tpot, capacity_source=source,
                         cold_start_s=cfg.cold_start_seconds,
                         service=self._params(), reasons=reasons, demand_estimate=window.chosen)
+
+    def _feasible(self) -> float:
+        """The share of requests an idle replica serves in time, from the model (all while unknown)."""
+        known = self.slos and self._slo_capacity() and self._capacity_cache
+        return min(known[0].feasible_shares(known[1], self.slos).values()) if known else 1.0
 
     def _burst_floor(self, y: np.ndarray, mu: float) -> int:
         """Replicas for recurring bursts shorter than the cold start (forecaster/bursts.py)."""

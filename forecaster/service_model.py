@@ -384,14 +384,14 @@ class ServiceModel:
                 break
         return np.where(ok, b, np.inf)
 
-    def _feasible_shares(self, mix: TokenMix, slos) -> dict[str, float]:
+    def feasible_shares(self, mix: TokenMix, slos) -> dict[str, float]:
         idle = self.predict(1e-9, mix)
         return {s.name: idle.good_share(s) for s in slos}
 
     def meets_slo(self, rate: float, mix: TokenMix, slos, feasible: dict[str, float] | None = None) -> bool:
         """Whether one replica at `rate` req/s meets every class's objectives (for the share of
         requests an idle replica would serve in time; see slo_capacity_rps)."""
-        feasible = self._feasible_shares(mix, slos) if feasible is None else feasible
+        feasible = self.feasible_shares(mix, slos) if feasible is None else feasible
         pred = self.predict(rate, mix)
         return pred.stable and all(pred.good_share(s) >= s.ratio * feasible[s.name] - 1e-12 for s in slos)
 
@@ -404,7 +404,7 @@ class ServiceModel:
         # Requests that miss even on an idle replica (a prompt too long to prefill within the TTFT
         # objective) are no capacity problem: no number of replicas serves them in time, so the
         # objective ratio applies to the share an idle replica would serve.
-        feasible = self._feasible_shares(mix, slos)
+        feasible = self.feasible_shares(mix, slos)
 
         def meets(rate: float) -> bool:
             return self.meets_slo(rate, mix, slos, feasible)

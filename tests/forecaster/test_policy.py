@@ -9,6 +9,7 @@ import pytest
 from forecaster.bursts import burst_floor, burst_in_memory, poisson_quantile, shortfall_replicas
 from forecaster.capacity import OnlineCapacity, load_sweep_capacity
 from forecaster.demand import DemandWindow, cumulative_upper, demand_spread, rate_lower_bound
+from forecaster.overload import backlog_growing, breaching
 from forecaster.policy import Decision, FleetSample, ForecastPolicy, PolicyConfig
 
 
@@ -390,3 +391,130 @@ def test_a_count_the_fleet_showed_is_not_withdrawn_when_it_vanishes_for_a_step()
     assert set(published[3:22]) == {7}, published   # shown once: held until 300 s after the last 7
     assert published[22:] == [6, 6], published
     policy.close()
+
+
+
+def _one_replica_policy(scale_down_window: float = 0.0) -> ForecastPolicy:
+    """One replica of 1 req/s configured, 5-s steps, a 0.99 objective: the fleet-short tests' policy."""
+    from forecaster.service_model import Slo
+    return ForecastPolicy(PolicyConfig(capacity_rps=1.0, models=("naive",), step_seconds=5.0,
+                                       scale_down_window_seconds=scale_down_window,
+                                       slos=(Slo(ttft_s=3.0, tpot_s=0.5, ratio=0.99, name="default"),)))
+
+
+def _ended_sample(t, arrivals, ended, good, in_flight):
+    s = sample(t, arrivals, ready=1, in_flight=in_flight, good=good)
+    s.ended_total, s.input_tokens_total, s.output_tokens_total = ended, 100.0 * ended, 30.0 * ended
+    return s
+
+
+def _breach_run(good_share_after, scale_down_window=0.0, ending=5.0):
+    """One replica (a fixed fleet, as in the demo), 1 req/s a replica configured. A burst of
+    5 req/s for a minute, then 0.5 req/s; `ending` requests end a step throughout, all good before the burst and
+    `good_share_after(t)` of them from its start on. Returns [(t, desired)] from the burst on."""
+    policy = _one_replica_policy(scale_down_window)
+    arrivals = ended = good = 0.0
+    out = []
+    for k in range(120):
+        t = k * 5.0
+        rate = 0.5 if t < 200 else 5.0 if t < 260 else 0.5
+        arrivals += rate * 5
+        ended += ending
+        good += ending * (1.0 if t < 200 else good_share_after(t))
+        policy.observe(_ended_sample(t, arrivals, ended, good, in_flight=20.0))
+        if t >= 200:
+            out.append((t, policy.decide(t)))
+    policy.close()
+    return out
+
+
+def test_a_published_count_does_not_fall_while_the_requests_ending_miss_the_slo():
+    # The model or the forecast can read a fleet as big enough while it is not (in the demo a
+    # model refitted on a burst's first batches published 1 replica mid-burst, at a quarter of
+    # its requests good). While the requests ending miss beyond chance, the count holds; once
+    # they stop missing, it falls as before.
+    decisions = _breach_run(lambda t: 0.4 if t < 400 else 1.0)
+    peak = max(d.desired_replicas for t, d in decisions if t < 270)
+    assert peak >= 4, decisions
+    during = [d for t, d in decisions if 270 <= t < 400]
+    assert all(d.desired_replicas == peak for d in during), [(t, d.desired_replicas) for t, d in decisions]
+    assert any("breach" in d.reasons for d in during)
+    after = [d.desired_replicas for t, d in decisions if t >= 420]
+    assert max(after) <= 2, [(t, d.desired_replicas) for t, d in decisions]
+
+
+def test_misses_within_the_objective_hold_nothing():
+    # Two misses in a hundred requests a step, at a 0.99 objective: within chance (P = 0.26), no
+    # hold. The same share of five requests rounds to none missed: no hold either.
+    held = _breach_run(lambda t: 0.98 if t < 400 else 1.0, ending=100.0)
+    assert max(d.desired_replicas for t, d in held if 300 <= t < 400) <= 2, held
+    assert not any("breach" in d.reasons for _, d in held)
+
+
+def test_a_published_count_does_not_fall_while_the_backlog_grows():
+    # A burst's first seconds: the requests ending are the good ones that began before, while the
+    # backlog builds. Arrivals come unevenly (40 and 10 a 5-s step, 5 req/s on average), so the
+    # rate forecast and the count it asks for swing; the count published holds at its peak while
+    # the requests in flight rise past the noise, over a step or since the count was raised, and
+    # falls once they drained (by step 60).
+    def run(burst_steps):
+        policy = _one_replica_policy()
+        arrivals = ended = in_flight = 0.0
+        out = []
+        for k in range(80):
+            t = k * 5.0
+            came = (40.0 if k % 2 else 10.0) if 40 <= k < 40 + burst_steps else 2.5
+            left = 2.5 if k < 40 + burst_steps else min(in_flight + came, 40.0)
+            arrivals, ended, in_flight = arrivals + came, ended + left, in_flight + came - left
+            policy.observe(_ended_sample(t, arrivals, ended, ended, in_flight))
+            if k >= 40:
+                out.append((k, policy.decide(t)))
+        policy.close()
+        return out
+
+    decisions = run(burst_steps=12)
+    burst = [d for k, d in decisions if 42 <= k < 52]
+    peak = max(d.desired_replicas for d in burst)
+    assert all(d.desired_replicas == peak for d in burst[burst.index(max(burst, key=lambda d: d.desired_replicas)):]), \
+        [(k, d.desired_replicas, d.reasons) for k, d in decisions]
+    assert any("backlog" in d.reasons for d in burst)
+    drained = [d.desired_replicas for k, d in decisions if k >= 62]
+    assert max(drained) < peak, [(k, d.desired_replicas, d.reasons) for k, d in decisions]
+
+
+def test_the_fleet_short_tests_at_their_edges():
+    # A balanced flow's noise is no backlog: 100 in and 100 out a step, in flight up 10 (z = 0.7).
+    assert not backlog_growing(10.0, 100.0, 90.0, 0.95)
+    assert backlog_growing(30.0, 100.0, 70.0, 0.95)       # z = 2.3
+    assert not backlog_growing(-30.0, 100.0, 130.0, 0.95)
+    assert not backlog_growing(float("nan"), 1.0, 1.0, 0.95)
+    # One miss in four at 0.99: P = 0.039, a breach; five in three hundred: P = 0.18, none.
+    assert breaching(3.0, 4.0, 0.99, 1.0, 0.95)
+    assert not breaching(295.0, 300.0, 0.99, 1.0, 0.95)
+    # Prompts no replica serves in time are not the fleet's shortfall: 6 % missed where an idle
+    # replica serves 95 % (allowed 5.95 %) is none; 12 % is.
+    assert not breaching(94.0, 100.0, 0.99, 0.95, 0.95)
+    assert breaching(88.0, 100.0, 0.99, 0.95, 0.95)
+    assert not breaching(0.0, 0.0, 0.99, 1.0, 0.95)
+
+
+def test_a_backlog_growing_slower_than_one_steps_noise_still_holds_the_count():
+    # At 2-s steps a 2x burst's rise in flight is within one step's noise about half the time
+    # (the demo: the count fell 7 -> 2 mid-burst). Here arrivals alternate 13 and 7 a step against
+    # 6 ending: no single step's rise passes the test (z = 1.6 at most); over 2, 4, 8, ... steps
+    # the rise (4 a step) does once enough has built up, and from then on the count holds.
+    policy = _one_replica_policy()
+    arrivals = ended = in_flight = 0.0
+    decisions = []
+    for k in range(60):
+        t = k * 5.0
+        came, left = ((13.0 if k % 2 else 7.0), 6.0) if k >= 40 else (2.5, 2.5)
+        arrivals, ended, in_flight = arrivals + came, ended + left, in_flight + came - left
+        policy.observe(_ended_sample(t, arrivals, ended, ended, in_flight))
+        if k >= 40:
+            decisions.append((k, policy.decide(t)))
+    policy.close()
+    counts = [d.desired_replicas for _, d in decisions]
+    assert min(counts[:8]) < max(counts), counts                      # swinging before the evidence
+    assert min(counts[8:]) == max(counts), [(k, d.desired_replicas, d.reasons) for k, d in decisions]
+    assert any("backlog" in d.reasons for _, d in decisions)

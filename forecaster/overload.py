@@ -1,0 +1,113 @@
+"""Evidence that the fleet is short now: what keeps a published count from falling.
+
+A decision rests on the service model and the demand forecast, and either can be wrong for a
+while. In the demo, one replica offered 5 req/s served 1 % of its requests within the SLO, while
+the model, refitted on the burst's first large batches, read 3.2 req/s a replica and a trend
+model fitted to 2-s steps forecast the burst's rate falling: the published count went 4 -> 2 -> 3
+-> 2 in the middle of the burst. The fleet shows it is short in two ways no model stands
+between, and while either holds the policy does not lower the count it published
+(forecaster/policy.py):
+
+- **The backlog grows**: the requests in flight at the sidecars rose by more than chance
+  explains, over the last step or over the horizon (a replica's cold start: a backlog that grew
+  over the time a replica ordered then took to arrive was not met; at 2-s steps one step's rise
+  of a 2x burst is within the noise about half the time, and a backlog still draining is larger
+  than before the burst). Requests that arrive and end as a balanced flow change the count
+  in flight by arrivals − endings, about zero, with a variance of about their sum (the
+  difference of two Poisson counts); a rise past `z` of those standard deviations says arrivals
+  outrun the fleet. It shows at once, while the requests ending are still the good ones that
+  began before.
+- **The SLO is missed**: the requests that ended in the last step with requests ending missed
+  more often than the objective allows, beyond what chance explains. The misses of a step are a
+  binomial count, and the step breaches when so many would be rarer than 1 − `confidence` at the
+  share the objective allows, 1 − ratio × (the share an idle replica serves in time: prompts too
+  long for the TTFT objective miss on any fleet and are no sign of a short one). It shows late (a
+  request is judged when it ends) and lasts while a backlog drains.
+
+Both tests are one-sided at the forecast's interval level, so a balanced fleet trips either on
+about one step in twenty, and then holds its count one step more.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from scipy.special import bdtrc, ndtri
+
+
+def breaching(good: float, ended: float, ratio: float, feasible: float, confidence: float) -> bool:
+    """Whether `ended - good` misses of `ended` requests exceed what `ratio` of the `feasible`
+    share allows, at one-sided `confidence`."""
+    n = int(round(ended))
+    bad = n - int(round(min(good, ended)))
+    if n <= 0 or bad <= 0:
+        return False
+    allowed = 1.0 - ratio * min(1.0, max(0.0, feasible))
+    if allowed <= 0.0:
+        return True
+    # P(X >= bad) for X ~ Binomial(n, allowed); bdtrc(k, n, p) is P(X > k).
+    return float(bdtrc(bad - 1, n, allowed)) < 1.0 - confidence
+
+
+def backlog_growing(in_flight_change: float, arrived: float, ended: float, confidence: float) -> bool:
+    """Whether the requests in flight rose by more than a balanced flow's noise: a rise of
+    `in_flight_change` while `arrived` came and `ended` left, at one-sided `confidence`."""
+    if not (math.isfinite(in_flight_change) and in_flight_change > 0):
+        return False
+    spread = math.sqrt(max(0.0, arrived) + max(0.0, ended))
+    return in_flight_change > float(ndtri(confidence)) * max(spread, 1.0)
+
+
+class ShortNow:
+    """The evidence across steps, and the count last published. Per step `observe`; per decision
+    `reasons` (why the count last published must hold, empty if nothing says so), then
+    `published` with the count decided. `window`: the steps the backlog's rise is also measured
+    over (the policy's horizon, a replica's cold start)."""
+
+    def __init__(self, confidence: float, window: int):
+        self.confidence = confidence
+        self.last: int | None = None      # the count last published
+        self._grew = False                # in flight rose past the noise over the last step
+        self._ended: tuple[float, float] | None = None   # (good, ended) of the last step with any ending
+        self._seen: deque[tuple[float, float]] = deque(maxlen=max(2, window + 1))  # (arrivals total, in flight)
+
+    def observe(self, in_flight_change: float, arrived: float, good: float | None, ended: float | None,
+                arrivals_total: float, in_flight: float) -> None:
+        self._grew = backlog_growing(in_flight_change, arrived, arrived - in_flight_change, self.confidence)
+        if good is not None and ended:
+            self._ended = (good, ended)
+        elif not in_flight > 0:
+            self._ended = None     # nothing ended and nothing left: no breach (else the last step's holds)
+        self._seen.append((arrivals_total, in_flight))
+
+    def reasons(self, ratio: float, feasible: float) -> tuple[str, ...]:
+        grew = self._grew or self._grew_over_windows()
+        missed = self._ended is not None and breaching(*self._ended, ratio, feasible, self.confidence)
+        return ("backlog",) * grew + ("breach",) * missed
+
+    def _grew_over_windows(self) -> bool:
+        """The rise over the last 2, 4, 8, ... steps up to the window, each tested at the level
+        that keeps the chance of any of them tripping on a balanced flow at 1 − confidence."""
+        seen, spans = self._seen, []
+        if len(seen) < 3:
+            return False
+        span = 2
+        while span < len(seen):
+            spans.append(span)
+            span *= 2
+        spans.append(len(seen) - 1)
+        level = 1.0 - (1.0 - self.confidence) / len(spans)
+        came1, held1 = seen[-1]
+        for span in spans:
+            came0, held0 = seen[-1 - span]
+            came, change = came1 - came0, held1 - held0
+            if came >= 0 and backlog_growing(change, came, came - change, level):
+                return True
+        return False
+
+    def published(self, count: int) -> None:
+        self.last = int(count)
+
+
+__all__ = ["ShortNow", "backlog_growing", "breaching"]
