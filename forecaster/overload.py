@@ -2,9 +2,9 @@
 
 A decision rests on the service model and the demand forecast, and either can be wrong for a
 while. In the demo, one replica offered 5 req/s served 1 % of its requests within the SLO, while
-the model, refitted on the burst's first large batches, read 3.2 req/s a replica and a trend
-model fitted to 2-s steps forecast the burst's rate falling: the published count went 4 -> 2 -> 3
--> 2 in the middle of the burst. The fleet shows it is short in two ways no model stands
+the model, refitting on the burst's first large batches, read 2.4-4.6 req/s a replica and the
+forecast of the rate at the horizon, made from 2-s steps of about 10 arrivals, swung between 6.5
+and 1.5 req/s: the published count went 4 -> 2 -> 3 -> 2 in the middle of the burst. The fleet shows it is short in two ways no model stands
 between, and while either holds the policy does not lower the count it published
 (forecaster/policy.py):
 
@@ -93,10 +93,10 @@ class ShortNow:
         if len(seen) < 3:
             return False
         span = 2
-        while span < len(seen):
+        while span < len(seen) - 1:
             spans.append(span)
             span *= 2
-        spans.append(len(seen) - 1)
+        spans.append(len(seen) - 1)     # the whole window, once
         level = 1.0 - (1.0 - self.confidence) / len(spans)
         came1, held1 = seen[-1]
         for span in spans:
