@@ -83,7 +83,7 @@ class RobustLine:
             xty = self._prior_xty + design.T @ (ww * y)
             if xtx[0, 0] <= 0:
                 return None
-            coef = _nonnegative_solve(xtx, xty, floor_a)
+            coef = nonnegative_solve(xtx, xty, floor_a)
             if len(y) < 4:
                 break
             resid = y - design @ coef
@@ -128,7 +128,7 @@ def _inverse_or_none(m: np.ndarray):
     return inv if np.all(np.isfinite(inv)) else None
 
 
-def _nonnegative_solve(xtx: np.ndarray, xty: np.ndarray, floor_a: float) -> np.ndarray:
+def nonnegative_solve(xtx: np.ndarray, xty: np.ndarray, floor_a: float) -> np.ndarray:
     """argmin of the quadratic (coef' X'WX coef − 2 coef' X'Wy) over a >= floor_a, c >= 0, d >= 0:
     the best of the solutions on each set of free coefficients that is feasible (three
     coefficients, so the active sets are few)."""
