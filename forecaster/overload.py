@@ -31,7 +31,8 @@ about one step in twenty, and then holds its count one step more.
 from __future__ import annotations
 
 import math
-from collections import deque
+
+import numpy as np
 
 from scipy.special import bdtrc, ndtri
 
@@ -60,49 +61,47 @@ def backlog_growing(in_flight_change: float, arrived: float, ended: float, confi
 
 
 class ShortNow:
-    """The evidence across steps, and the count last published. Per step `observe`; per decision
-    `reasons` (why the count last published must hold, empty if nothing says so), then
-    `published` with the count decided. `window`: the steps the backlog's rise is also measured
+    """The count last published, and the last step with requests ending. Per step `observe`; per
+    decision `reasons` (why the count last published must hold, empty if nothing says so), read
+    from the policy's own fixed-step series of requests in flight and arrivals/s, then
+    `published` with the count decided. `window`: the most steps the backlog's rise is measured
     over (the policy's horizon, a replica's cold start)."""
 
     def __init__(self, confidence: float, window: int):
         self.confidence = confidence
+        self.window = max(1, window)
         self.last: int | None = None      # the count last published
-        self._grew = False                # in flight rose past the noise over the last step
         self._ended: tuple[float, float] | None = None   # (good, ended) of the last step with any ending
-        self._seen: deque[tuple[float, float]] = deque(maxlen=max(2, window + 1))  # (arrivals total, in flight)
 
-    def observe(self, in_flight_change: float, arrived: float, good: float | None, ended: float | None,
-                arrivals_total: float, in_flight: float) -> None:
-        self._grew = backlog_growing(in_flight_change, arrived, arrived - in_flight_change, self.confidence)
+    def observe(self, good: float | None, ended: float | None, in_flight: float) -> None:
         if good is not None and ended:
             self._ended = (good, ended)
         elif not in_flight > 0:
             self._ended = None     # nothing ended and nothing left: no breach (else the last step's holds)
-        self._seen.append((arrivals_total, in_flight))
 
-    def reasons(self, ratio: float, feasible: float) -> tuple[str, ...]:
-        grew = self._grew or self._grew_over_windows()
+    def reasons(self, in_flight: np.ndarray, arrivals: np.ndarray, step_s: float, ratio: float,
+                feasible: float) -> tuple[str, ...]:
+        grew = self._backlog_grew(in_flight, arrivals, step_s)
         missed = self._ended is not None and breaching(*self._ended, ratio, feasible, self.confidence)
         return ("backlog",) * grew + ("breach",) * missed
 
-    def _grew_over_windows(self) -> bool:
-        """The rise over the last 2, 4, 8, ... steps up to the window, each tested at the level
-        that keeps the chance of any of them tripping on a balanced flow at 1 − confidence."""
-        seen, spans = self._seen, []
-        if len(seen) < 3:
+    def _backlog_grew(self, in_flight: np.ndarray, arrivals: np.ndarray, step_s: float) -> bool:
+        """The rise in flight over the last step at `confidence`; over the last 2, 4, 8, ... steps
+        up to the window, each at the level that keeps the chance of any of them tripping on a
+        balanced flow at 1 − confidence."""
+        n = min(len(in_flight) - 1, len(arrivals), self.window)
+        if n < 1:
             return False
-        span = 2
-        while span < len(seen) - 1:
-            spans.append(span)
-            span *= 2
-        spans.append(len(seen) - 1)     # the whole window, once
-        level = 1.0 - (1.0 - self.confidence) / len(spans)
-        came1, held1 = seen[-1]
+        spans = [1]
+        while spans[-1] * 2 < n:
+            spans.append(spans[-1] * 2)
+        if n > 1:
+            spans.append(n)
+        wide = 1.0 - (1.0 - self.confidence) / max(1, len(spans) - 1)
         for span in spans:
-            came0, held0 = seen[-1 - span]
-            came, change = came1 - came0, held1 - held0
-            if came >= 0 and backlog_growing(change, came, came - change, level):
+            change = float(in_flight[-1] - in_flight[-1 - span])
+            came = float(np.sum(arrivals[-span:])) * step_s
+            if backlog_growing(change, came, came - change, self.confidence if span == 1 else wide):
                 return True
         return False
 

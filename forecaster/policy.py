@@ -184,9 +184,8 @@ class ForecastPolicy:
             self.slos = tuple(sample.slos)
         if prev is not None:
             obs = step_observation(prev, sample, arrivals)
-            self.short.observe(sample.in_flight - prev.in_flight, (arrivals or 0.0) * (sample.t - prev.t),
-                               delta(prev.good_total, sample.good_total), delta(prev.ended_total, sample.ended_total),
-                               sample.arrivals_total, sample.in_flight)
+            self.short.observe(delta(prev.good_total, sample.good_total), delta(prev.ended_total, sample.ended_total),
+                               sample.in_flight)
             if obs is not None:
                 self.last_observation = obs
                 self._calm = self._no_burst()
@@ -406,7 +405,8 @@ class ForecastPolicy:
         desired = self._stabilise(now, raw, ready + starting, max(demand_floor, burst))
         reasons = decision_reasons(terms, raw, cfg.max_replicas)
         if self.short.last is not None and desired < self.short.last:
-            short = self.short.reasons(self._target_ratio(), self._feasible())
+            short = self.short.reasons(self.history.gauges["in_flight"].values(), y, cfg.step_seconds,
+                                       self._target_ratio(), self._feasible())
             if short:
                 desired, reasons = self.short.last, reasons + short
         self.short.published(desired)
