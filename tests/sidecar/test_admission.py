@@ -48,10 +48,10 @@ def load(url: str, rate: float, count: int, seed: int, slo_class: str | None = N
     return asyncio.run(_load(url, [(rate, count, seed, slo_class)]))[0]
 
 
-async def _load(url: str, streams: list[tuple]) -> list[list]:
+async def _load(url: str, streams: list[tuple], ttft: float = TTFT) -> list[list]:
     async def one(rate, count, seed, slo_class):
         reqs = synthetic_workload(poisson_arrivals(rate, count, seed), PROMPT_WORDS, 4, seed=seed)
-        cfg = LoadConfig(base_url=url, model="scripted", slo=SloClass("load", ttft=TTFT, tpot=1.0),
+        cfg = LoadConfig(base_url=url, model="scripted", slo=SloClass("load", ttft=ttft, tpot=1.0),
                          headers={"x-slo-class": slo_class} if slo_class else {})
         records, _ = await run_load(cfg, reqs, PromptFactory(None, seed=seed))
         return records
@@ -225,20 +225,35 @@ def test_overload_sheds_with_429_and_the_admitted_meet_ttft(sidecars, engine_lik
     assert shed_span.attributes["goodput.admission.predicted_ttft_seconds"] > TTFT * 0.8
 
 
+# The two-class run's objective. The upstream is FIFO, so a high arrival waits behind every low
+# prompt admitted before it: what separates the classes is the room between the low class's
+# threshold (PRIORITY_HEADROOM of the high one's) and the high one's. At 0.5 s that room is about
+# 3 prompts of prefill, and less once the guard has learned under-shoot (up to
+# MAX_LEARNED_HEADROOM of the objective), which a host that stalls teaches it. A CI run shed 3-9 of
+# 24 high requests in each of three attempts at 0.5 s; it never did here, even pinned to one core
+# beside a busy loop, and that log did not say why (the failure message now names the thresholds
+# and the refusals). At 1 s the room is twice as many prompts; with equal priorities this test
+# still fails (high 0.54-0.71).
+TWO_CLASS_TTFT = 1.0
+
+
 def test_high_priority_keeps_attainment_while_low_absorbs_shedding(sidecars, engine_like):
     live = sidecars.start(engine_like, models=("scripted",), slo=slo_config(
-        {"name": "high", "ttft": TTFT, "tpot": 1.0, "admission": True, "priority": 1},
-        {"name": "low", "ttft": TTFT, "tpot": 1.0, "admission": True, "priority": 0}))
+        {"name": "high", "ttft": TWO_CLASS_TTFT, "tpot": 1.0, "admission": True, "priority": 1},
+        {"name": "low", "ttft": TWO_CLASS_TTFT, "tpot": 1.0, "admission": True, "priority": 0}))
     warm(live, "high")
     seen = []
     for attempt in range(ATTEMPTS):
-        high, low = asyncio.run(_load(live.url, [(8.0, 24, 11, "high"), (24.0, 72, 12, "low")]))  # ~2x capacity
+        high, low = asyncio.run(_load(live.url, [(8.0, 24, 11, "high"), (24.0, 72, 12, "low")],  # ~2x capacity
+                                      ttft=TWO_CLASS_TTFT))
         attainment = sum(r.outcome == "good" for r in high) / len(high)
         seen.append(round(attainment, 2))
         if attainment >= 0.9:
             break
     else:
-        pytest.fail(f"high-priority attainment < 0.9 in every attempt ({seen}); the last: {[r.outcome for r in high]}")
+        why = sorted({r.error for r in high if r.outcome == "shed"})[:3]
+        pytest.fail(f"high-priority attainment < 0.9 in every attempt ({seen}); the last: {[r.outcome for r in high]}; "
+                    f"thresholds {live.app.admission._thresholds}; some refusals: {why}")
     high_shed = sum(r.outcome == "shed" for r in high) / len(high)
     low_shed = sum(r.outcome == "shed" for r in low) / len(low)
     assert low_shed >= 0.3 and low_shed > 3 * high_shed
