@@ -128,5 +128,6 @@ def register(registry) -> None:
     p.add_argument("--timing-repeats", type=int, default=30, help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help="folder for backtest.json, backtest.md and the PNG")
 
-    from forecaster.run_cli import add_run_command
+    from forecaster.run_cli import add_replay_command, add_run_command
     add_run_command(registry)
+    add_replay_command(registry)

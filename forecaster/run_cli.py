@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
+import shutil
 import signal
 import threading
+from pathlib import Path
 
 from goodput_cli.errors import UsageError
 
@@ -39,6 +42,24 @@ def _prior(args) -> dict:
     except ValueError as exc:
         raise UsageError(f"--prior {path}: {exc}; pass a `goodput bench engine --json` result or a "
                          f"`goodput sweep` sweep.json") from None
+
+
+def policy_config(args, background_selection: bool):
+    """The policy the policy flags describe (`forecaster run` and `forecaster replay` share them)."""
+    from forecaster.policy import PolicyConfig
+
+    try:
+        return PolicyConfig(step_seconds=args.step, horizon_seconds=args.horizon,
+                            cold_start_seconds=args.cold_start if args.cold_start is not None else args.horizon,
+                            learn_cold_start=args.cold_start is None,
+                            capacity_rps=_capacity(args), target_queue=args.target_queue,
+                            min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+                            scale_down_window_seconds=args.scale_down_window, fit_timeout_seconds=args.fit_timeout,
+                            refit_every_seconds=args.refit_every,
+                            models=tuple(m.strip() for m in args.models.split(",") if m.strip()),
+                            background_selection=background_selection, **_prior(args))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _capacity(args) -> float | None:
@@ -90,23 +111,16 @@ def _source(args):
 def run(args: argparse.Namespace) -> int:
     from prometheus_client import CollectorRegistry
 
-    from forecaster.policy import ForecastPolicy, PolicyConfig
+    from forecaster.policy import ForecastPolicy
+    from forecaster.replay import Recorder
     from forecaster.runner import Runner
     from forecaster.server import ExternalMetricsAPI, ForecastCollector, ForecastState, api_routes, metrics_routes, start_server
     from forecaster.tls import self_signed, server_context
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per scrape would bury the decisions
+    config = policy_config(args, background_selection=True)
     try:
-        config = PolicyConfig(step_seconds=args.step, horizon_seconds=args.horizon,
-                              cold_start_seconds=args.cold_start if args.cold_start is not None else args.horizon,
-                              learn_cold_start=args.cold_start is None,
-                              capacity_rps=_capacity(args), target_queue=args.target_queue,
-                              min_replicas=args.min_replicas, max_replicas=args.max_replicas,
-                              scale_down_window_seconds=args.scale_down_window, fit_timeout_seconds=args.fit_timeout,
-                              refit_every_seconds=args.refit_every,
-                              models=tuple(m.strip() for m in args.models.split(",") if m.strip()),
-                              background_selection=True, **_prior(args))
         policy = ForecastPolicy(config)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -116,6 +130,8 @@ def run(args: argparse.Namespace) -> int:
     if args.api_port or grpc_tls:
         if args.self_signed:
             cert, key = self_signed(args.tls_dir, hosts=tuple(args.tls_host or ("localhost", "127.0.0.1")))
+            if not args.tls_dir:   # a temporary directory holding a private key: gone at exit, whatever the path
+                atexit.register(shutil.rmtree, cert.parent, True)
             logging.info("self-signed certificate for development: %s (key %s)", cert, key)
         elif args.tls_cert_file and args.tls_private_key_file:
             cert, key = args.tls_cert_file, args.tls_private_key_file
@@ -152,7 +168,11 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
         logging.info("KEDA external scaler (gRPC%s) on %s:%d", " over TLS" if grpc_tls else ", plaintext",
                      args.host, args.keda_grpc_port)
-    runner = Runner(source, policy, state, config.step_seconds)
+    try:
+        recorder = Recorder(args.record) if args.record else None
+    except OSError as exc:
+        raise UsageError(f"--record {args.record}: {exc.strerror or exc}") from None
+    runner = Runner(source, policy, state, config.step_seconds, recorder=recorder)
     runner.warm_up(args.warmup_seconds)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -167,6 +187,8 @@ def run(args: argparse.Namespace) -> int:
             grpc_server.stop(grace=1)
         source.close()
         policy.close()
+        if runner.recorder is not None:
+            runner.recorder.close()
     return 0
 
 
@@ -186,6 +208,29 @@ def add_run_command(registry) -> None:
     src.add_argument("--kube-namespace", default="default", help="namespace of --kube-service (default default)")
     src.add_argument("--kube-port-name", default=None, help="EndpointSlice port name of the sidecar metrics")
     src.add_argument("--kube-api", default=None, help="Kubernetes API URL (default: in-cluster, then kubeconfig)")
+    src.add_argument("--record", metavar="FILE", default=None,
+                     help="append every sample read and the replicas starting to FILE (JSON lines), to decide "
+                          "again on later with `goodput forecaster replay FILE`")
+    add_policy_arguments(p)
+    out = p.add_argument_group("serving")
+    out.add_argument("--host", default="0.0.0.0")
+    out.add_argument("--metrics-port", type=int, default=9090, help="plain HTTP /metrics (default 9090)")
+    out.add_argument("--api-port", type=int, default=8443, help="HTTPS External Metrics API and KEDA metrics-api /keda/v1/scaler (default 8443; 0 = off)")
+    out.add_argument("--keda-grpc-port", type=int, default=0,
+                     help="KEDA external scaler (gRPC externalscaler.ExternalScaler) on this port, TLS with the "
+                          "API's certificate (default 0 = off)")
+    out.add_argument("--keda-grpc-plaintext", action="store_true",
+                     help="serve --keda-grpc-port without TLS (a trusted network only)")
+    out.add_argument("--tls-cert-file", default=None)
+    out.add_argument("--tls-private-key-file", default=None)
+    out.add_argument("--tls-client-ca-file", default=None,
+                     help="require API clients to present a certificate signed by this CA (PEM); default: any client")
+    out.add_argument("--self-signed", action="store_true", help="generate a self-signed certificate (development)")
+    out.add_argument("--tls-dir", default=None, help="where --self-signed writes cert.pem/key.pem (default: a temporary directory, removed at exit)")
+    out.add_argument("--tls-host", action="append", help="SAN for --self-signed (repeatable; default localhost, 127.0.0.1)")
+
+
+def add_policy_arguments(p) -> None:
     pol = p.add_argument_group("policy")
     pol.add_argument("--step", type=float, default=15.0, help="seconds between samples (default 15)")
     pol.add_argument("--horizon", type=float, default=180.0, help="forecast horizon, s (default 180 = cold start)")
@@ -204,19 +249,45 @@ def add_run_command(registry) -> None:
     pol.add_argument("--fit-timeout", type=float, default=2.0, help="longest a model fit may take, s (default 2)")
     pol.add_argument("--refit-every", type=float, default=300.0, help="seconds between model re-selections (default 300)")
     pol.add_argument("--models", default="level,holt_winters", help="candidate models, first = default")
-    out = p.add_argument_group("serving")
-    out.add_argument("--host", default="0.0.0.0")
-    out.add_argument("--metrics-port", type=int, default=9090, help="plain HTTP /metrics (default 9090)")
-    out.add_argument("--api-port", type=int, default=8443, help="HTTPS External Metrics API and KEDA metrics-api /keda/v1/scaler (default 8443; 0 = off)")
-    out.add_argument("--keda-grpc-port", type=int, default=0,
-                     help="KEDA external scaler (gRPC externalscaler.ExternalScaler) on this port, TLS with the "
-                          "API's certificate (default 0 = off)")
-    out.add_argument("--keda-grpc-plaintext", action="store_true",
-                     help="serve --keda-grpc-port without TLS (a trusted network only)")
-    out.add_argument("--tls-cert-file", default=None)
-    out.add_argument("--tls-private-key-file", default=None)
-    out.add_argument("--tls-client-ca-file", default=None,
-                     help="require API clients to present a certificate signed by this CA (PEM); default: any client")
-    out.add_argument("--self-signed", action="store_true", help="generate a self-signed certificate (development)")
-    out.add_argument("--tls-dir", default=None, help="where --self-signed writes cert.pem/key.pem (default: a temp dir)")
-    out.add_argument("--tls-host", action="append", help="SAN for --self-signed (repeatable; default localhost, 127.0.0.1)")
+
+
+def replay_run(args: argparse.Namespace) -> int:
+    from forecaster.policy import ForecastPolicy
+    from forecaster.replay import read_recording, replay
+
+    if not Path(args.recording).is_file():
+        raise UsageError(f"{args.recording}: no such recording (write one with `goodput forecaster run --record FILE`)")
+    try:
+        policy = ForecastPolicy(policy_config(args, background_selection=False))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    t0, decided, counts = None, 0, []
+    try:
+        for line, d in replay(policy, read_recording(args.recording)):
+            if d is None:
+                continue
+            t = float(line["t"])
+            t0 = t if t0 is None else t0
+            decided += 1
+            counts.append(d.desired_replicas)
+            sample = line["sample"]
+            m = d.service.model if d.service is not None else None
+            fitted = "" if m is None else (f" step={1e3 * m.decode_base_s:.1f}+{1e3 * m.decode_per_seq_s:.2f}·b"
+                                           f"+{1e3 * m.decode_log_s:.1f}·ln b ms prefill={m.prefill_tokens_per_s:.0f} tok/s")
+            print(f"{t - t0:8.1f} s desired={d.desired_replicas} ({'+'.join(d.reasons)}) ready={sample.ready_replicas} "
+                  f"in_flight={sample.in_flight:.0f} rate={d.arrival_rate_mean:.2f}/{d.arrival_rate_upper:.2f} "
+                  f"capacity={d.capacity_rps:.2f} ({d.capacity_source}) model={d.model_name}{fitted}")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    finally:
+        policy.close()
+    if not decided:
+        raise UsageError(f"{args.recording}: no decided step in the recording")
+    print(f"{decided} steps decided; desired replicas {min(counts)}-{max(counts)}")
+    return 0
+
+
+def add_replay_command(registry) -> None:
+    p = registry.command("forecaster replay", "decide again on what `forecaster run --record` recorded", replay_run)
+    p.add_argument("recording", help="a JSON-lines file written by `goodput forecaster run --record FILE`")
+    add_policy_arguments(p)

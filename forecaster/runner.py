@@ -53,8 +53,9 @@ def decision_problem(decision: Decision) -> str | None:
 
 class Runner:
     def __init__(self, source, policy: ForecastPolicy, state: ForecastState, step_seconds: float,
-                 clock=time.time):
+                 clock=time.time, recorder=None):
         self.source, self.policy, self.state = source, policy, state
+        self.recorder = recorder   # replay.Recorder: every sample used, for `goodput forecaster replay`
         self.step_seconds = step_seconds
         self.clock = clock
         self.num_steps = 0
@@ -73,6 +74,7 @@ class Runner:
             return 0
         for s in samples:
             self.policy.observe(s)
+            self._record(s.t, s, warm=True)
         log.info("warmed up from %d samples of history", len(samples))
         return len(samples)
 
@@ -90,10 +92,13 @@ class Runner:
             return self._hold(problem, f"the fleet sample has {problem.replace('_', '-')} values: {sample}")
         self.policy.observe(sample)
         learned = getattr(self.source, "cold_start_seconds", None)
+        cold_start = learned() if learned is not None else None
         if learned is not None:
-            self.policy.learned_cold_start(learned())
+            self.policy.learned_cold_start(cold_start)
         try:
-            decision = self.policy.decide(now, self.source.starting_replicas())
+            starting = self.source.starting_replicas()
+            self._record(now, sample, starting, cold_start)   # never raises
+            decision = self.policy.decide(now, starting)
         except Exception as exc:  # noqa: BLE001 - a bad decision must not end the loop either
             return self._hold("bad_decision", f"deciding failed: {type(exc).__name__}: {exc}")
         problem = decision_problem(decision)
@@ -111,6 +116,17 @@ class Runner:
                  decision.demand_estimate,
                  f" ({status.last_error})" if status.source != "fit" and status.last_error else "")
         return decision
+
+    def _record(self, t: float, sample: FleetSample, starting: int = 0, cold_start: float | None = None,
+                warm: bool = False) -> None:
+        """A recording that cannot be written (disk full) stops, said once; the forecaster goes on."""
+        if self.recorder is None:
+            return
+        try:
+            self.recorder.write(t, sample, starting, cold_start, warm)
+        except (OSError, ValueError) as exc:
+            log.warning("recording to %s stopped: %s", self.recorder.path, exc)
+            self.recorder = None
 
     def _score(self, now: float, sample, decision: Decision) -> None:
         """Scores forecasts now due against this step, then records this step's."""

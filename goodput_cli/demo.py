@@ -85,14 +85,14 @@ def start_stack(args, procs: list, phase_classes: list[str]) -> None:
     print(f"starting the engine ({args.model}) on :{args.engine_port} (the first run fetches and converts the weights)...")
     procs.append(ServerProcess(goodput_command("engine", "serve", "--model", args.model, "--port", str(args.engine_port),
                                                "--dtype", args.dtype),
-                               None, name="engine", die_with_parent=True))
+                               None, name="engine", die_with_parent=True, log_dir=args.out))
     procs[-1].wait_ready_url(f"http://127.0.0.1:{args.engine_port}/health", timeout=600)
     print(f"starting the sidecar on :{args.sidecar_port}...")
     procs.append(ServerProcess(goodput_command("sidecar", "run", "--upstream", f"http://127.0.0.1:{args.engine_port}",
                                                "--port", str(args.sidecar_port),
                                                "--slo-config", str(_slo_file(args.out, args, phase_classes)),
                                                "--engine-metrics-interval", "1"),
-                               None, name="sidecar", die_with_parent=True))
+                               None, name="sidecar", die_with_parent=True, log_dir=args.out))
     procs[-1].wait_ready_url(f"http://127.0.0.1:{args.sidecar_port}/healthz", timeout=60)
     print(f"engine and sidecar up in {time.monotonic() - t0:.0f} s")
 
@@ -104,10 +104,11 @@ def start_forecaster(args, procs: list, prior: Path) -> bool:
 
     if importlib.util.find_spec("forecaster.cli") is None:
         return False
+    (args.out / "forecaster-steps.jsonl").unlink(missing_ok=True)   # this run's steps only (the recorder appends)
     print(f"starting the forecaster on :{args.forecaster_port} (External Metrics API on https://127.0.0.1:{args.forecaster_api_port})...")
     try:
         procs.append(ServerProcess(goodput_command("forecaster", "run", *forecaster_args(args, prior)), None,
-                                   name="forecaster", die_with_parent=True))
+                                   name="forecaster", die_with_parent=True, log_dir=args.out))
         procs[-1].wait_ready_url(f"http://127.0.0.1:{args.forecaster_port}/metrics", timeout=60)
         return True
     except (RuntimeError, TimeoutError) as exc:
@@ -120,10 +121,11 @@ def forecaster_args(args, prior: Path) -> list[str]:
     # scale-down window so phase 3 shows it scaling back; in production the defaults (15 s step,
     # 180 s horizon = a replica's cold start, 300 s window) apply. No --capacity: the forecaster
     # plans on its service model, seeded by the calibration and learned from the live traffic.
+    # Every step it read is recorded (`goodput forecaster replay` decides again on it).
     return ["--targets", f"127.0.0.1:{args.sidecar_port}", "--metrics-port", str(args.forecaster_port),
             "--api-port", str(args.forecaster_api_port), "--self-signed", "--step", f"{args.forecaster_step:g}",
             "--horizon", "30", "--cold-start", "30", "--scale-down-window", "15", "--prior", str(prior),
-            "--max-replicas", "16"]
+            "--max-replicas", "16", "--record", str(args.out / "forecaster-steps.jsonl")]
 
 
 def _validate(args) -> tuple:

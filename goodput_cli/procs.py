@@ -1,7 +1,8 @@
 """Child server processes that wait until they answer and always stop (demo and tests share it).
 
-`ServerProcess` starts a command in its own process group, keeps its output in a log file,
-waits until an HTTP URL answers, and stops the whole group (SIGTERM, then SIGKILL).
+`ServerProcess` starts a command in its own process group, keeps its output in a log file (in
+`log_dir` as NAME.log, or a temporary file), waits until an HTTP URL answers, and stops the whole
+group (SIGTERM, then SIGKILL).
 """
 
 from __future__ import annotations
@@ -44,12 +45,17 @@ class ServerProcess:
 
     def __init__(self, cmd: list[str], ready_url: str | None, *, env: dict[str, str] | None = None,
                  timeout: float = 60.0, name: str | None = None, cwd: str | Path | None = None,
-                 die_with_parent: bool = False):
+                 die_with_parent: bool = False, log_dir: str | Path | None = None):
         self.cmd = cmd
         self.ready_url = ready_url
         self.name = name or Path(cmd[0]).name
-        self._log = tempfile.NamedTemporaryFile(prefix=f"goodput-{self.name}-", suffix=".log", delete=False)
-        self.log_path = Path(self._log.name)
+        if log_dir is not None:
+            self.log_path = Path(log_dir) / f"{self.name}.log"
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = open(self.log_path, "wb")
+        else:
+            self._log = tempfile.NamedTemporaryFile(prefix=f"goodput-{self.name}-", suffix=".log", delete=False)
+            self.log_path = Path(self._log.name)
         full_env = dict(os.environ)
         full_env.setdefault("PYTHONUNBUFFERED", "1")
         if env:

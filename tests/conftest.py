@@ -2,9 +2,28 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
 
 from tests.support import ServerProcess, free_port
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_tmpdir(tmp_path_factory):
+    """Every temporary file the tests and the processes they start make (server logs, certificates,
+    scratch directories) goes under pytest's own base directory, which pytest prunes to its last
+    three runs, instead of piling up in /tmp run after run."""
+    path = str(tmp_path_factory.mktemp("tmp"))
+    before = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"], tempfile.tempdir = path, path
+    yield
+    if before[0] is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before[0]
+    tempfile.tempdir = before[1]
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import time
 import psutil
 import pytest
 
+from forecaster.replay import read_recording
 from tests.support import free_port, goodput_command
 
 PHASES = "under:0.5:6,burst:2:5,recovery:0.4:6"
@@ -67,6 +68,11 @@ def test_demo_phases_add_up_to_the_sidecars_counters(tmp_path):
     md = (tmp_path / "report.md").read_text()
     assert all(f"**{name}**" in md for name in ("under", "burst", "recovery"))
     assert f"http://127.0.0.1:{ports[1]}/metrics" in proc.stdout and "goodput-slo.json" in proc.stdout
+    # Each process's log and every step the forecaster read lie in the report folder; the steps replay.
+    assert all((tmp_path / f"{name}.log").stat().st_size > 0 for name in ("engine", "sidecar", "forecaster"))
+    steps = list(read_recording(tmp_path / "forecaster-steps.jsonl"))
+    assert len(steps) >= 5 and all(not s.get("warm") for s in steps)
+    assert steps[-1]["sample"].arrivals_total > steps[0]["sample"].arrivals_total
 
 
 @pytest.mark.slow

@@ -69,3 +69,24 @@ def test_forecaster_run_serves_metrics_and_external_metrics(start_server, tmp_pa
     finally:
         stop.set()
         side.stop()
+
+
+def test_self_signed_without_a_directory_leaves_no_key_behind(start_server, tmp_path):
+    """--self-signed without --tls-dir writes its key into a temporary directory, removed when the
+    forecaster stops (SIGTERM), so development runs do not pile private keys up in /tmp."""
+    side = FakeSidecarMetrics(free_port())
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    metrics_port, api_port = free_port(), free_port()
+    try:
+        server = start_server(goodput_command(
+            "forecaster", "run", "--targets", side.url, "--step", "0.5", "--horizon", "3", "--cold-start", "3",
+            "--capacity", "4", "--models", "naive", "--host", "127.0.0.1", "--metrics-port", str(metrics_port),
+            "--api-port", str(api_port), "--self-signed"), f"http://127.0.0.1:{metrics_port}/healthz",
+            timeout=60, name="forecaster", env={"TMPDIR": str(temp)})
+        made = list(temp.glob("goodput-forecaster-tls-*"))
+        assert len(made) == 1 and (made[0] / "key.pem").is_file(), made
+        assert server.stop() == 0, server.log()[-2000:]
+        assert not made[0].exists(), server.log()[-2000:]
+    finally:
+        side.stop()
