@@ -58,6 +58,7 @@ class PolicyConfig:
     prior_capacity_rps: float = 1.0         # learning online: used until anything is observed
     prior_model: object | None = None       # a service_model.ServiceModel to seed the online fit
     prior_weight: float = 2.0               # how many requests' evidence the prior model counts as
+    prior_batches: tuple = ()               # the batches its decode steps were measured at (a bench's)
     slos: tuple | None = None               # SLO classes (service_model.Slo); None = read from the sidecars
     learn_cold_start: bool = False          # take cold_start_seconds from what the source learns
     background_selection: bool = False      # re-select models in a thread (the server); False = reproducible
@@ -149,7 +150,8 @@ class ForecastPolicy:
                                       reselect_every=max(1, round(config.refit_every_seconds / step)),
                                       background=config.background_selection)
         self.online = OnlineCapacity(prior_rps=config.prior_capacity_rps)
-        self.service = OnlineServiceModel(prior=config.prior_model, prior_weight=config.prior_weight)
+        self.service = OnlineServiceModel(prior=config.prior_model, prior_weight=config.prior_weight,
+                                          prior_batches=config.prior_batches)
         self.slos: tuple = tuple(config.slos or ())
         self._recommendations: deque[tuple[float, int, int]] = deque()   # (t, recommended, fleet)
         self._prev_in_flight: tuple[float, float] | None = None

@@ -16,6 +16,7 @@ computation on the same inputs.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from dataclasses import asdict, fields
@@ -93,9 +94,14 @@ class Recorder:
 
 
 def read_recording(path: str | Path) -> Iterator[dict]:
-    """The recorded steps, in order; a line that is not one (a crash mid-write) is named and skipped
-    only when it is the last."""
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    """The recorded steps, in order (a `.gz` file is read through gzip); a line that is not one is
+    an error naming it, unless it is the last (a recording cut short mid-write)."""
+    path = Path(path)
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt", encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    else:
+        lines = path.read_text(encoding="utf-8").splitlines()
     for number, text in enumerate(lines, 1):
         if not text.strip():
             continue

@@ -31,7 +31,8 @@ def _prior(args) -> dict:
         raise UsageError(f"--prior {path}: not readable JSON ({exc})") from None
     try:
         if isinstance(data, dict) and "engine_decode" in data:
-            out = {"prior_model": model_from_bench(data)}
+            out = {"prior_model": model_from_bench(data),
+                   "prior_batches": tuple(float(d["batch"]) for d in data["engine_decode"])}
             if "prior_weight_requests" in data:
                 weight = data["prior_weight_requests"]
                 if not (isinstance(weight, (int, float)) and not isinstance(weight, bool) and weight > 0):

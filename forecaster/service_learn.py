@@ -52,17 +52,16 @@ from forecaster.prompt_queue import ArrivalClumping, service_per_token
 from forecaster.service_model import ServiceModel, TokenMix, log_one_plus_poisson, seen_step_s
 
 _Z90 = 1.645
-# The token budget a step assumed in predictions when the engine's is not known: vLLM's
-# max_num_batched_tokens for latency-minded serving (its V1 default is 8192 on large GPUs, 2048
-# elsewhere; the bundled engine's is 512). It bounds how much prompt work one decode step carries,
-# so how far a long prompt can stretch other requests' TPOT.
+# The token budget a step assumed when the engine's is not known: vLLM's max_num_batched_tokens
+# (V1: 8192 on large GPUs, 2048 elsewhere; the bundled engine's is 512). It bounds the prompt work
+# one decode step carries, so how far a long prompt can stretch other requests' TPOT.
 _DEFAULT_BUDGET = 2048
 
 
 class OnlineServiceModel:
     def __init__(self, prior: ServiceModel | None = None, half_life_steps: float = 120.0,
                  min_steps: int = 8, step_token_budget: int | None = None, max_batch: int = 256,
-                 prior_weight: float = 2.0, max_points: int = 720):
+                 prior_weight: float = 2.0, max_points: int = 720, prior_batches: tuple = ()):
         self.prior = prior
         self.forget = 0.5 ** (1.0 / max(1.0, half_life_steps))
         self.min_steps = min_steps
@@ -72,8 +71,10 @@ class OnlineServiceModel:
         self.step_token_budget = prior.step_token_budget if prior else step_token_budget
         self.max_batch = prior.max_batch if prior else max_batch
         self.prior_weight = prior_weight
-        # Decode: step time against the batch, a robust line.
-        self._decode = RobustLine(self.forget, max_points)        # from engine iterations
+        # The prior's evidence sits where its steps were measured (a bench's batches: one measured
+        # up to 32 holds the slope out to 32); unknown, at 1 and 4 (little leverage on the slope).
+        self._prior_xs = tuple(sorted({float(b) for b in prior_batches if b >= 1})) or (1.0, 4.0)
+        self._decode = RobustLine(self.forget, max_points)        # step against batch, from engine iterations
         self._decode_tpot = RobustLine(self.forget, max_points)   # from TPOT, where there are none
         self._seeded = False
         # Prefill (seconds a prompt token occupies the prefill queue), the fixed TTFT overhead and
@@ -99,11 +100,10 @@ class OnlineServiceModel:
         if prior is not None:
             self._seed(prior)
 
-    # -- inputs ---------------------------------------------------------------------------
     def _seed(self, m: ServiceModel) -> None:
         w = self.prior_weight
-        self._decode.set_prior((1.0, 4.0), m.decode_base_s, m.decode_per_seq_s, w, m.decode_log_s)
-        self._decode_tpot.set_prior((1.0, 4.0), m.decode_base_s, m.decode_per_seq_s, w, m.decode_log_s)
+        self._decode.set_prior(self._prior_xs, m.decode_base_s, m.decode_per_seq_s, w, m.decode_log_s)
+        self._decode_tpot.set_prior(self._prior_xs, m.decode_base_s, m.decode_per_seq_s, w, m.decode_log_s)
         self._pf_prior = (math.log(1.0 / m.prefill_tokens_per_s + m.step_s(1.0) / m.step_token_budget), w)
         if m.decode_single_s is not None:
             self._single_prior = (math.log(m.decode_single_s), w)

@@ -1,14 +1,17 @@
 """`forecaster run --record` and `forecaster replay`: the recorded inputs read back exactly, and a
 replay decides what the live loop decided on them."""
 
+import argparse
 import json
 import math
 import subprocess
+from pathlib import Path
 
 import numpy as np
 
 from forecaster.policy import FleetSample, ForecastPolicy, PolicyConfig
 from forecaster.replay import Recorder, read_recording, replay, sample_from_json, sample_to_json
+from forecaster.run_cli import policy_config
 from forecaster.runner import Runner
 from forecaster.server import ForecastState
 from forecaster.service_model import Slo
@@ -115,3 +118,31 @@ def test_replay_cli_prints_each_decision_and_names_a_bad_line(tmp_path):
     done = subprocess.run(goodput_command("forecaster", "replay", str(tmp_path / "missing.jsonl"), *flags),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "no such recording" in done.stderr, done.stderr
+
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_recorded_demo_stays_at_one_at_half_load_and_rises_within_two_steps_of_the_burst():
+    """A real `goodput demo` (SmolLM2 on a 2-core AMD EPYC, 2026-12-07), its forecaster's steps
+    recorded, decided again with the demo's flags and its calibration as the prior. The calibration
+    measured the decode step at 1, 8 and 32 sequences; the under phase ran batches of 10-24, above
+    the batches 1 and 4 the prior's evidence used to sit at, so its first few steps swung the slope
+    (3 → 5 ms a sequence) and the count went to 2 for 10 s at half load. With the prior's evidence
+    where it was measured, the count stays 1 until the burst (40 s) and reaches 2 or more at the
+    first step after it."""
+    args = argparse.Namespace(step=2.0, horizon=30.0, cold_start=30.0, capacity=None, capacity_from=None,
+                              prior=str(DATA / "demo-smollm2-epyc.calibration.json"), target_queue=0.0,
+                              min_replicas=1, max_replicas=16, scale_down_window=15.0, fit_timeout=2.0,
+                              refit_every=300.0, models="level,holt_winters")
+    config = policy_config(args, background_selection=False)
+    assert config.prior_batches == (1.0, 8.0, 32.0)
+    policy = ForecastPolicy(config)
+    rows = [(float(line["t"]), d.desired_replicas) for line, d in
+            replay(policy, read_recording(DATA / "demo-smollm2-epyc.steps.jsonl.gz"))]
+    policy.close()
+    t0 = rows[0][0]
+    under = [n for t, n in rows if t - t0 < 40.0]
+    assert len(under) == 20 and max(under) == 1, under
+    first_up = next(t - t0 for t, n in rows if t - t0 >= 40.0 and n >= 2)
+    assert first_up <= 42.5, first_up
