@@ -50,6 +50,13 @@ def sample_to_json(sample: FleetSample) -> dict:
     return out
 
 
+def _plain(x):
+    """A numpy scalar a source may hand over (np.int64 is no int to json) as its Python value."""
+    if hasattr(x, "item"):
+        return _number(x.item())
+    raise TypeError(f"{type(x).__name__} is not a number")
+
+
 def _float(x):
     return float(x) if isinstance(x, str) else x
 
@@ -86,7 +93,7 @@ class Recorder:
             line["cold_start"] = cold_start
         if warm:
             line["warm"] = True
-        self._file.write(json.dumps(line, allow_nan=False) + "\n")
+        self._file.write(json.dumps(line, allow_nan=False, default=_plain) + "\n")
         self._file.flush()
 
     def close(self) -> None:

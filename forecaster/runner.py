@@ -124,7 +124,7 @@ class Runner:
             return
         try:
             self.recorder.write(t, sample, starting, cold_start, warm)
-        except (OSError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - a recording must never cost a decision
             log.warning("recording to %s stopped: %s", self.recorder.path, exc)
             self.recorder = None
 

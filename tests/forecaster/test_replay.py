@@ -146,3 +146,22 @@ def test_recorded_demo_stays_at_one_at_half_load_and_rises_within_two_steps_of_t
     assert len(under) == 20 and max(under) == 1, under
     first_up = next(t - t0 for t, n in rows if t - t0 >= 40.0 and n >= 2)
     assert first_up <= 42.5, first_up
+
+
+def test_a_sample_with_numpy_numbers_records_and_a_recording_that_fails_costs_no_decision(tmp_path, caplog):
+    s = _full_sample(3.0, 10.0)
+    s.ready_replicas = np.int64(2)   # what a source computing with numpy may hand over
+    s.in_flight = np.float64(4.0)
+    rec = Recorder(tmp_path / "steps.jsonl")
+    rec.write(s.t, s, np.int64(1))
+    rec.close()
+    [line] = list(read_recording(tmp_path / "steps.jsonl"))
+    assert line["sample"].ready_replicas == 2 and line["starting"] == 1
+    # A recorder that fails (here: its file closed under it) stops, said once; every step still decides.
+    samples = _samples(6)
+    runner = Runner(_ListSource(samples), ForecastPolicy(_config()), ForecastState(20.0), 2.0,
+                    clock=iter([x.t for x in samples]).__next__, recorder=Recorder(tmp_path / "gone.jsonl"))
+    runner.recorder.close()
+    assert all(runner.step() is not None for _ in samples)
+    assert runner.recorder is None and "recording to" in caplog.text
+    runner.policy.close()
