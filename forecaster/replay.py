@@ -100,15 +100,22 @@ class Recorder:
         self._file.close()
 
 
+class RecordingError(ValueError):
+    """A recording that cannot be read (not a bug in the policy deciding on it)."""
+
+
 def read_recording(path: str | Path) -> Iterator[dict]:
     """The recorded steps, in order (a `.gz` file is read through gzip); a line that is not one is
     an error naming it, unless it is the last (a recording cut short mid-write)."""
     path = Path(path)
-    if path.suffix == ".gz":
-        with gzip.open(path, "rt", encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
-    else:
-        lines = path.read_text(encoding="utf-8").splitlines()
+    try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rt", encoding="utf-8") as fh:
+                lines = fh.read().splitlines()
+        else:
+            lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise RecordingError(f"{path}: not readable ({exc})") from None
     for number, text in enumerate(lines, 1):
         if not text.strip():
             continue
@@ -119,7 +126,7 @@ def read_recording(path: str | Path) -> Iterator[dict]:
         except (ValueError, KeyError, TypeError) as exc:
             if number == len(lines):
                 return   # the last line of a recording cut short
-            raise ValueError(f"{path}:{number}: not a recorded step ({exc})") from None
+            raise RecordingError(f"{path}:{number}: not a recorded step ({exc})") from None
         yield line
 
 

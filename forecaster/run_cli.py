@@ -22,7 +22,7 @@ def _prior(args) -> dict:
     from pathlib import Path
 
     from forecaster.capacity import load_sweep_capacity
-    from forecaster.service_prior import model_from_bench
+    from forecaster.service_prior import decode_points, model_from_bench
 
     path = Path(args.prior)
     try:
@@ -32,7 +32,7 @@ def _prior(args) -> dict:
     try:
         if isinstance(data, dict) and "engine_decode" in data:
             out = {"prior_model": model_from_bench(data),
-                   "prior_batches": tuple(float(d["batch"]) for d in data["engine_decode"])}
+                   "prior_batches": tuple(b for b, _ in decode_points(data))}
             if "prior_weight_requests" in data:
                 weight = data["prior_weight_requests"]
                 if not (isinstance(weight, (int, float)) and not isinstance(weight, bool) and weight > 0):
@@ -255,7 +255,7 @@ def add_policy_arguments(p) -> None:
 
 def replay_run(args: argparse.Namespace) -> int:
     from forecaster.policy import ForecastPolicy
-    from forecaster.replay import read_recording, replay
+    from forecaster.replay import RecordingError, read_recording, replay
 
     if not Path(args.recording).is_file():
         raise UsageError(f"{args.recording}: no such recording (write one with `goodput forecaster run --record FILE`)")
@@ -279,7 +279,7 @@ def replay_run(args: argparse.Namespace) -> int:
             print(f"{t - t0:8.1f} s desired={d.desired_replicas} ({'+'.join(d.reasons)}) ready={sample.ready_replicas} "
                   f"in_flight={sample.in_flight:.0f} rate={d.arrival_rate_mean:.2f}/{d.arrival_rate_upper:.2f} "
                   f"capacity={d.capacity_rps:.2f} ({d.capacity_source}) model={d.model_name}{fitted}")
-    except ValueError as exc:
+    except RecordingError as exc:
         raise UsageError(str(exc)) from None
     finally:
         policy.close()

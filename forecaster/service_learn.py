@@ -56,6 +56,7 @@ _Z90 = 1.645
 # (V1: 8192 on large GPUs, 2048 elsewhere; the bundled engine's is 512). It bounds the prompt work
 # one decode step carries, so how far a long prompt can stretch other requests' TPOT.
 _DEFAULT_BUDGET = 2048
+_PRIOR_XS = (1.0, 4.0)   # a prior's decode evidence, where unmeasured: little leverage on the slope
 
 
 class OnlineServiceModel:
@@ -71,9 +72,8 @@ class OnlineServiceModel:
         self.step_token_budget = prior.step_token_budget if prior else step_token_budget
         self.max_batch = prior.max_batch if prior else max_batch
         self.prior_weight = prior_weight
-        # The prior's evidence sits where its steps were measured (a bench's batches: one measured
-        # up to 32 holds the slope out to 32); unknown, at 1 and 4 (little leverage on the slope).
-        self._prior_xs = tuple(sorted({float(b) for b in prior_batches if b >= 1})) or (1.0, 4.0)
+        # The prior's evidence sits where its steps were measured (a bench's batches), else _PRIOR_XS.
+        self._prior_xs = tuple(sorted({float(b) for b in prior_batches if b >= 1})) or _PRIOR_XS
         self._decode = RobustLine(self.forget, max_points)        # step against batch, from engine iterations
         self._decode_tpot = RobustLine(self.forget, max_points)   # from TPOT, where there are none
         self._seeded = False
@@ -122,7 +122,7 @@ class OnlineServiceModel:
             # the batch has varied enough to show the real slope. Pseudo-points at batch 1 and 4:
             # close together, so little leverage on the slope once batches vary.
             base = y / (1.0 + x / 8.0)
-            line.set_prior((1.0, 4.0), base, base / 8.0, self.prior_weight)
+            line.set_prior(_PRIOR_XS, base, base / 8.0, self.prior_weight)
         line.add(x, y, w, self.num_steps, z)
 
     @staticmethod

@@ -15,7 +15,7 @@ def model_from_bench(bench: dict, step_token_budget: int = 512, max_batch: int =
     from its prefill run, and the fixed TTFT overhead where the result states one
     (`ttft_overhead_s`, as `goodput demo`'s calibration does). With decode points at three or more
     batch sizes the step's concave part is fitted too (`step_curve`)."""
-    points = [(float(d["batch"]), float(d["step_s"])) for d in bench.get("engine_decode", [])]
+    points = decode_points(bench)
     if len(points) < 2 or "engine_prefill" not in bench:
         raise ValueError("a bench result needs engine_decode at two or more batch sizes and engine_prefill")
     a, c, d = step_curve([b for b, _ in points], [s for _, s in points])
@@ -25,6 +25,12 @@ def model_from_bench(bench: dict, step_token_budget: int = 512, max_batch: int =
                         step_token_budget=step_token_budget, ttft_overhead_s=max(0.0, float(bench.get("ttft_overhead_s", 0.0))),
                         name="bench",
                         source=f"goodput bench engine ({bench.get('model', '?')})")
+
+
+def decode_points(bench: dict) -> list[tuple[float, float]]:
+    """(batch, step seconds) of a bench result's decode runs: the curve's points, and the batches
+    a prior's evidence was measured at (OnlineServiceModel's prior_batches)."""
+    return [(float(d["batch"]), float(d["step_s"])) for d in bench.get("engine_decode", [])]
 
 
 def step_curve(batches, steps) -> tuple[float, float, float]:

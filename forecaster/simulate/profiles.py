@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from forecaster.service_model import ServiceModel, Slo
-from forecaster.service_prior import model_from_bench
+from forecaster.service_prior import decode_points, model_from_bench
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,7 +87,7 @@ def profile_from_bench(bench: dict, name: str = "bench", base: ServiceProfile = 
                                  kv_capacity_tokens=base.kv_capacity_tokens)
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"bench result {name!r}: {exc}") from None
-    points = [(float(d["batch"]), float(d["step_s"])) for d in bench["engine_decode"]]
+    points = decode_points(bench)
     values = {f.name: getattr(model, f.name) for f in fields(ServiceModel)}
     values.update(name=name, source=f"goodput bench engine result ({bench.get('model', '?')}): decode {points}, "
                                     f"prefill {model.prefill_tokens_per_s:.0f} tok/s; KV, batch and SLO from {base.name}")

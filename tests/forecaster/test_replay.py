@@ -118,6 +118,10 @@ def test_replay_cli_prints_each_decision_and_names_a_bad_line(tmp_path):
     done = subprocess.run(goodput_command("forecaster", "replay", str(tmp_path / "missing.jsonl"), *flags),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "no such recording" in done.stderr, done.stderr
+    (tmp_path / "bad.jsonl.gz").write_bytes(b"not gzip")
+    done = subprocess.run(goodput_command("forecaster", "replay", str(tmp_path / "bad.jsonl.gz"), *flags),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "not readable" in done.stderr, done.stderr
 
 
 DATA = Path(__file__).parent / "data"
