@@ -195,6 +195,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"calibration {cal.line}")
         prior = args.out / "calibration.json"
         prior.write_text(json.dumps(cal.bench, indent=2) + "\n")
+        # Every calibration request, so the fit can be read again (docs/service_model/calibration-spread.md).
+        with open(args.out / "calibration-records.jsonl", "w") as fh:
+            for stage, stage_records in cal.records:
+                for r in stage_records:
+                    fh.write(json.dumps({"stage": stage, **r.to_json()}) + "\n")
         has_forecaster = start_forecaster(args, procs, prior)
         replay, phases = plan_phases(fitted, cal.capacity, specs, args.max_rate)
         print(f"replaying {len(replay)} requests of {args.trace.name} (prompts scaled x{fit.scale:.3f}, outputs capped at "

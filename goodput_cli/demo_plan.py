@@ -6,11 +6,13 @@ prefill speed (TTFT of a short and a long prompt, one at a time, one output toke
 median of three) and the decode step against the batch (TPOT of one stream alone, then of 8
 and of 32 at once, each with prompts of the mix's mean length: the step's line and its concave
 part, forecaster.service_prior.step_curve); then open-loop Poisson arrivals with the trace's own
-mix, 8 s at 0.3 of the capacity those probes give and 12 s at 0.7 of the capacity a fit to that
-gives (under the knee even where the probes overstate it), whose requests' TPOTs (each against
-the batch it decoded in) and mean TTFT pin the decode slope and the fixed overhead (what a live
-mix costs a step, which short probes miss); the slope only where those batches average 8 or
-more, since a line through smaller ones reads the steep start of a concave step as its slope. A ramp measured by the sidecar (8 s steps from the model's capacity, x1.5 a step)
+mix, 8 s at 0.3 of the capacity those probes give and 20 s at 0.85 of the capacity a fit to that
+gives, whose requests' TPOTs (each against the batch it decoded in) and mean TTFT refit the
+step's slope and concave part and the fixed overhead (what a live mix costs a step, which
+short probes miss); the step only where those batches average 8 or more, since a curve through
+smaller ones reads the steep start of a concave step as its rise. The second point runs long
+and near the knee so that its requests decode in batches of 10-30, near those where the
+capacity is decided (docs/service_model/calibration-spread.md). A ramp measured by the sidecar (8 s steps from the model's capacity, x1.5 a step)
 was tried and dropped: 8 s at a rate is too short for a queue to build, so every step "met" the
 objective up to 4 req/s and the phases cut to that overloaded the replica from phase 1. The result is a `goodput bench engine`-shaped result, so the forecaster takes them as its `--prior` and
 the service model of `forecaster.service_model` turns them into requests/s within the SLO for
@@ -152,39 +154,44 @@ class Calibration:
     capacity: float          # requests/s one replica serves within the SLO, for the trace's mix
     seconds: float           # how long the probes took
     line: str                # what was measured, in one line
+    records: tuple = ()      # (stage, records) of every probe and operating point, in order
 
 
 _PROBES = itertools.count(1)
 
 
-async def _probe(cfg, prompts, requests: list[PlannedRequest]):
+async def _probe(cfg, prompts, requests: list[PlannedRequest], stage: str = "", log: list | None = None):
     """One probe; `prompts(k)` makes the k-th probe's PromptFactory, so no probe's prompt is in the
-    engine's prefix cache from an earlier one."""
+    engine's prefix cache from an earlier one. Its records go into `log` as (stage, records)."""
     from sidecar.loadgen.runner import run_load
 
     records, _ = await run_load(cfg, requests, prompts(next(_PROBES)))
+    if log is not None:
+        log.append((stage, records))
     bad = [r for r in records if r.outcome not in ("good", "slo_violated")]
     if bad:
         raise RuntimeError(f"calibration request failed: {bad[0].error or bad[0].outcome}")
     return records
 
 
-async def measure(cfg, prompts, long_prompt: int, decode_prompt: int = SHORT_PROMPT) -> tuple[dict, float]:
+async def measure(cfg, prompts, long_prompt: int, decode_prompt: int = SHORT_PROMPT,
+                  log: list | None = None) -> tuple[dict, float]:
     """Prefill and decode probes against the endpoint in `cfg`, the decode probes' prompts
-    `decode_prompt` tokens long; (bench-shaped dict, TTFT of the short prompt alone)."""
+    `decode_prompt` tokens long; (bench-shaped dict, TTFT of the short prompt alone). Every probe's
+    records go into `log` as (stage, records)."""
     one = lambda n_in, n_out: PlannedRequest(0.0, n_in, n_out, slo_class=CALIBRATION_CLASS)  # noqa: E731
-    await _probe(cfg, prompts, [one(SHORT_PROMPT, 4)])                      # warm-up
+    await _probe(cfg, prompts, [one(SHORT_PROMPT, 4)], "warm-up", log)
     short, long = [], []
     for _ in range(3):                                                      # median of three, one at a time
-        short.append((await _probe(cfg, prompts, [one(SHORT_PROMPT, 1)]))[0].ttft)
-        long.append((await _probe(cfg, prompts, [one(long_prompt, 1)]))[0].ttft)
+        short.append((await _probe(cfg, prompts, [one(SHORT_PROMPT, 1)], "prefill-short", log))[0].ttft)
+        long.append((await _probe(cfg, prompts, [one(long_prompt, 1)], "prefill-long", log))[0].ttft)
     t_short, t_long = statistics.median(short), statistics.median(long)
     prefill = (long_prompt - SHORT_PROMPT) / max(t_long - t_short, 1e-6)
-    single = await _probe(cfg, prompts, [one(decode_prompt, DECODE_TOKENS)])
+    single = await _probe(cfg, prompts, [one(decode_prompt, DECODE_TOKENS)], "decode-1", log)
     step1 = single[0].tpot
     decode = [{"batch": 1, "step_s": step1}]
     for size in DECODE_BATCHES:
-        batch = await _probe(cfg, prompts, [one(decode_prompt, DECODE_TOKENS) for _ in range(size)])
+        batch = await _probe(cfg, prompts, [one(decode_prompt, DECODE_TOKENS) for _ in range(size)], f"decode-{size}", log)
         decode.append({"batch": size, "step_s": max(statistics.median(r.tpot for r in batch), step1)})
     bench = {"model": cfg.model, "source": "goodput demo calibration (HTTP probes through the sidecar)",
              "engine_decode": decode,
@@ -194,11 +201,12 @@ async def measure(cfg, prompts, long_prompt: int, decode_prompt: int = SHORT_PRO
     return bench, t_short
 
 
-OPERATING_LOADS = (0.3, 0.7)        # the open-loop points: of the probes' capacity, then of the first fit's
-OPERATING_SECONDS = (8.0, 12.0)
+OPERATING_LOADS = (0.3, 0.85)       # the open-loop points: of the probes' capacity, then of the first fit's
+OPERATING_SECONDS = (8.0, 20.0)
 
 
-async def measure_operating_point(cfg, prompts, mix_prompt, mix_output, rate: float, seconds: float, seed: int = 5):
+async def measure_operating_point(cfg, prompts, mix_prompt, mix_output, rate: float, seconds: float, seed: int = 5,
+                                  log: list | None = None, stage: str = "operating"):
     """Poisson arrivals at `rate` for `seconds`, sizes drawn from the trace's mix: the records."""
     import numpy as np
 
@@ -209,7 +217,7 @@ async def measure_operating_point(cfg, prompts, mix_prompt, mix_output, rate: fl
     pick = np.random.default_rng(seed).integers(0, len(mix_prompt), n)
     reqs = [PlannedRequest(float(a), int(mix_prompt[i]), int(mix_output[i]), slo_class=CALIBRATION_CLASS)
             for a, i in zip(arrivals, pick)]
-    return await _probe(cfg, prompts, reqs)
+    return await _probe(cfg, prompts, reqs, stage, log)
 
 
 def decode_loads(records, prefill_tokens_per_s: float) -> tuple[list[float], list[float], list[float]]:
@@ -244,20 +252,32 @@ def _overlap(a: float, b: float, spans: list[tuple[float, float]], skip: int) ->
     return sum(max(0.0, min(b, y) - max(a, x)) for j, (x, y) in enumerate(spans) if j != skip)
 
 
-def fit_to_operating_point(model, mix, rate: float, records, min_batch: float = 0.0):
-    """The decode slope (seconds per sequence in the batch) that the run's requests show, each
-    against the batch it actually decoded in (`decode_loads`): TPOT = step(batch) + the prefill
-    that ran during its decode per gap, with only the step's slope fitted (least squares) and its
-    other terms (the probes' base) kept. Then the fixed TTFT overhead that closes the mean TTFT
-    gap at `rate`. The probes alone miss what a live mix costs a step (longer contexts, the other
-    processes on the machine); one measured operating point pins it. With too few requests to fit
-    (fewer than 3 that decoded, or none beside another where the model's step has a one-sequence
-    figure of its own), the model is returned as it is. Where the requests decoded in batches of
-    fewer than `min_batch` on average, the slope is the probes' (only the overhead is fitted): a
-    line through small batches extrapolates the steep start of a concave step. SmolLM2 in float32
-    on a 2-core AMD EPYC steps 43, 75 and 106 ms at 1, 2 and 4 sequences and 172 ms at 32; fitted
-    at 0.8-1.3 req/s (batches of 2-3) the slope read 17-22 ms a sequence, and the capacity 1.0-1.2
-    req/s where the engine met the objective at 4.5."""
+def fit_to_operating_point(model, mix, rate: float, records, min_batch: float = 0.0, slo=None):
+    """The decode step's rise with the batch that the run's requests show, each against the batch
+    it actually decoded in (`decode_loads`): TPOT = step(batch) + the prefill that ran during its
+    decode per gap, with step(b) = s1 + c·(b − 1) + d·ln b, s1 the model's step at one sequence
+    (the one-stream probe) held, and the slope c and the concave part d both fitted (least
+    squares, both >= 0). Then the fixed TTFT overhead that closes the mean TTFT gap at `rate`.
+    The probes alone miss what a live mix costs a step (longer contexts, prompts prefilled beside
+    it, the other processes on the machine); one measured operating point pins it.
+
+    Both terms, not the slope alone under the probes' concave part: the probes' 8-stream step
+    varies by about 10 % from run to run, which moved the concave part from 14 to 31 ms·ln b,
+    and a slope fitted under it at batches of 10-20 extrapolated that to the batches of 30-50
+    where the capacity is decided (SmolLM2 on a 2-core AMD EPYC: eight calibrations read
+    2.75-4.43 req/s; with both terms fitted to the same requests, 2.77-3.63;
+    docs/service_model/calibration-spread.md). Both fits need the requests' batches to span a
+    range: through batches of 4-13 the concave part alone took the rise and the capacity read
+    5.63 where the engine serves about 3. So where `slo` (Slo list) is given, the slope alone is
+    refitted as well (under the probes' concave part) and the fit that serves less is returned.
+
+    With too few requests to fit (fewer than 3 that decoded, or none beside another where the
+    model's step has a one-sequence figure of its own), the model is returned as it is. Where the
+    requests decoded in batches of fewer than `min_batch` on average, the probes' curve is kept
+    (only the overhead is fitted): a line through small batches extrapolates the steep start of a
+    concave step. SmolLM2 in float32 on a 2-core AMD EPYC steps 43, 75 and 106 ms at 1, 2 and 4
+    sequences and 172 ms at 32; fitted at 0.8-1.3 req/s (batches of 2-3) the slope read 17-22 ms a
+    sequence, and the capacity 1.0-1.2 req/s where the engine met the objective at 4.5."""
     import numpy as np
 
     tpots, batches, interference = decode_loads(records, model.prefill_tokens_per_s)
@@ -266,15 +286,64 @@ def fit_to_operating_point(model, mix, rate: float, records, min_batch: float = 
         return model
     if float(np.mean(batches)) < min_batch:
         return _with_overhead(model, mix, rate, ttfts)
-    # step(b) is linear in c for any shape of the model's step: f0 + c·f1.
-    flat, unit = replace(model, decode_per_seq_s=0.0), replace(model, decode_per_seq_s=1.0)
-    f0 = np.array([flat.step_s(b) for b in batches])
-    f1 = np.array([unit.step_s(b) for b in batches]) - f0
-    if not np.sum(f1 * f1) > 0:
-        return model
+    # step(b) is linear in (c, d) for any shape of the model's step (its context term, a
+    # one-sequence figure of its own): f0 + c·fc + d·fd, read off the model at unit changes.
+    s1 = model.decode_base_s + model.decode_per_seq_s      # the curve at one sequence (ln 1 = 0)
+    unit = s1 / 2.0                                       # keeps every base positive
+
+    def curve(c: float, d: float):
+        return replace(model, decode_base_s=s1 - c, decode_per_seq_s=c, decode_log_s=d)
+
+    f0 = np.array([curve(0.0, 0.0).step_s(b) for b in batches])
+    fc = (np.array([curve(unit, 0.0).step_s(b) for b in batches]) - f0) / unit
+    fd = (np.array([curve(0.0, unit).step_s(b) for b in batches]) - f0) / unit
     y = np.array(tpots) - np.array(interference) - f0
-    c = max(0.0, float(np.sum(f1 * y) / np.sum(f1 * f1)))
-    return _with_overhead(replace(model, decode_per_seq_s=c), mix, rate, ttfts)
+    c, d = _nonnegative_pair(fc, fd, y, c_max=s1 - 1e-4)
+    if c is None:
+        return model
+    both = _with_overhead(curve(c, d), mix, rate, ttfts)
+    if slo is None:
+        return both
+    # The slope alone under the probes' concave part, from the same requests: where the two
+    # shapes part beyond the batches measured, the data cannot tell them apart, and the one that
+    # serves less is planned on.
+    flat, lin = replace(model, decode_per_seq_s=0.0), replace(model, decode_per_seq_s=1.0)
+    g0 = np.array([flat.step_s(b) for b in batches])
+    g1 = np.array([lin.step_s(b) for b in batches]) - g0
+    if not np.sum(g1 * g1) > 0:
+        return both
+    slope = max(0.0, float(np.sum(g1 * (np.array(tpots) - np.array(interference) - g0)) / np.sum(g1 * g1)))
+    alone = _with_overhead(replace(model, decode_per_seq_s=slope), mix, rate, ttfts)
+    return min((both, alone), key=lambda m: m.slo_capacity_rps(mix, slo))
+
+
+def _nonnegative_pair(x1, x2, y, c_max: float):
+    """argmin |y − c·x1 − d·x2|² over 0 <= c <= c_max, d >= 0 (the best feasible solution on each
+    set of free coefficients); (None, None) where neither column carries anything."""
+    import numpy as np
+
+    best, best_sse = (None, None), math.inf
+    for free in ((0, 1), (0,), (1,)):
+        cols = np.column_stack([(x1, x2)[i] for i in free])
+        if not np.any(cols):
+            continue
+        sol, *_ = np.linalg.lstsq(cols, y, rcond=None)
+        coef = [0.0, 0.0]
+        for i, v in zip(free, sol):
+            coef[i] = float(v)
+        if coef[0] > c_max:                   # the base would go under zero: the slope at its cap
+            coef[0] = c_max
+            if 1 in free:
+                rest = y - c_max * x1
+                coef[1] = float(np.dot(x2, rest) / np.dot(x2, x2)) if np.any(x2) else 0.0
+        if coef[0] < 0.0 or coef[1] < 0.0:
+            continue
+        sse = float(np.sum((y - coef[0] * x1 - coef[1] * x2) ** 2))
+        if sse < best_sse:
+            best, best_sse = (coef[0], coef[1]), sse
+    if best[0] is None and np.any(x1) | np.any(x2):
+        return 0.0, 0.0
+    return best
 
 
 def _with_overhead(model, mix, rate: float, ttfts: list[float]):
@@ -305,7 +374,9 @@ def calibrate(cfg, prompts: Callable[[int], object], mix_prompt: list[int], mix_
     # The longest prompt of the mix (at least 256 tokens): the prefill rate is a slope, and a
     # short one would drown it in the fixed overhead's noise.
     long_prompt = max(256, int(max(mix_prompt)))
-    bench, t_short = asyncio.run(measure(cfg, prompts, long_prompt, max(SHORT_PROMPT, round(float(np.mean(mix_prompt))))))
+    log: list = []
+    bench, t_short = asyncio.run(measure(cfg, prompts, long_prompt, max(SHORT_PROMPT, round(float(np.mean(mix_prompt)))),
+                                         log=log))
     model = model_from_bench(bench, step_token_budget=step_token_budget, max_batch=max_batch)
     # The fixed overhead is what the short prompt's TTFT holds beyond what the model itself
     # predicts for it on an idle replica (its prefill and the steps around it), so it is not
@@ -320,14 +391,16 @@ def calibrate(cfg, prompts: Callable[[int], object], mix_prompt: list[int], mix_
                            f"decode step {bench['engine_decode'][0]['step_s'] * 1000:.0f} ms at batch 1, "
                            f"prefill {bench['engine_prefill']['tokens_per_s']:.0f} tokens/s; loosen the SLO")
     # Open loop with the trace's own mix, twice: first at a share of the probes' capacity that is
-    # safe even where short probes overstate it several-fold, then at 0.7 of the capacity that
-    # first fit gives, nearer the rates the phases run at, with batches large enough to pin the
-    # decode slope, and under the knee where the concave step reads it high (at all of it, the
-    # point ran past the knee on the Xeon host: docs/service_model/tried-concave-calibration.md);
-    # each fit takes the slope from the batches the run's requests decoded in, not from its rate.
+    # safe even where short probes overstate it several-fold, then for 20 s at 0.85 of the
+    # capacity that first fit gives, so that its requests decode in batches near those where the
+    # capacity is decided (12 s at 0.7 left them at 8-15 on the AMD EPYC host, and the capacity
+    # then followed the probes' concave part: docs/service_model/calibration-spread.md). Past the
+    # knee, where a first fit overstates the capacity, the batches only grow, and each fit reads
+    # the step from the batches the run's requests decoded in, not from its rate.
     tpots: list = []
     ttfts: list = []
     records: list = []
+    rates: list = []
     rate, first = OPERATING_LOADS[0] * probe_capacity, model
     for k, (load, seconds) in enumerate(zip(OPERATING_LOADS, OPERATING_SECONDS)):
         if k:
@@ -335,10 +408,11 @@ def calibrate(cfg, prompts: Callable[[int], object], mix_prompt: list[int], mix_
         if max_rate is not None:
             rate = min(rate, max_rate)
         records = asyncio.run(measure_operating_point(cfg, prompts, mix_prompt, mix_output, rate, seconds * time_scale,
-                                                      seed=5 + k))
+                                                      seed=5 + k, log=log, stage=f"operating-{k + 1}"))
+        rates.append(rate)
         tpots = [r.tpot for r in records if r.tpot is not None and r.output_tokens > 1]
         ttfts = [r.ttft for r in records if r.ttft is not None]
-        model = fit_to_operating_point(first, mix, rate, records, min_batch=DECODE_BATCHES[0])
+        model = fit_to_operating_point(first, mix, rate, records, min_batch=DECODE_BATCHES[0], slo=slo)
         if not model.slo_capacity_rps(mix, slo) > 0:
             break
     capacity = model.slo_capacity_rps(mix, slo)
@@ -348,7 +422,7 @@ def calibrate(cfg, prompts: Callable[[int], object], mix_prompt: list[int], mix_
                            f"TTFT {ttft} s / TPOT {tpot} s; loosen the SLO")
     # The forecaster's prior: the fitted step at the probes' batches, beside the raw probes.
     bench["probes"] = {"engine_decode": bench["engine_decode"], "operating_point": {
-        "rate": rate, "requests": len(records), "tpot_mean_s": float(np.mean(tpots)) if tpots else None,
+        "rate": rate, "rates": rates, "requests": len(records), "tpot_mean_s": float(np.mean(tpots)) if tpots else None,
         "ttft_mean_s": float(np.mean(ttfts)) if ttfts else None}}
     bench["engine_decode"] = [{"batch": b, "step_s": model.step_s(b)} for b in (1, *DECODE_BATCHES)]
     bench["ttft_overhead_s"] = model.ttft_overhead_s
@@ -362,4 +436,4 @@ def calibrate(cfg, prompts: Callable[[int], object], mix_prompt: list[int], mix_
             f"model serves {capacity:.2f} req/s of this trace's mix (mean {np.mean(mix_prompt):.0f} prompt + "
             f"{np.mean(mix_output):.0f} output tokens) within TTFT {ttft:g} s / TPOT {tpot:g} s for "
             f"{objective:.0%} of requests")
-    return Calibration(bench, model.ttft_overhead_s, capacity, seconds, line)
+    return Calibration(bench, model.ttft_overhead_s, capacity, seconds, line, tuple(log))

@@ -204,8 +204,9 @@ def test_an_operating_point_where_every_request_decoded_alone_leaves_a_one_seque
 def test_small_batches_leave_the_probes_slope_alone():
     """A live step that costs more than the probes' by a constant (the client and the sidecar share
     the cores) shows at small batches as a steep slope: fitted through batches of about 2 it cut the
-    capacity to half (AMD EPYC host: 1.0-1.2 req/s calibrated, 4.5 met). Under `min_batch` the
-    probes' slope stays; above it the run's slope is fitted as before (the test above)."""
+    capacity to half (AMD EPYC host: 1.0-1.2 req/s calibrated, 4.5 met), when the slope alone was
+    fitted. Under `min_batch` the probes' curve stays; above it the run's slope and concave part
+    are fitted (the test above)."""
     from dataclasses import replace
 
     from forecaster.service_model import Slo, TokenMix
@@ -224,6 +225,37 @@ def test_small_batches_leave_the_probes_slope_alone():
         kept = fit_to_operating_point(probes, mix, 1.0, records, min_batch=DECODE_BATCHES[0])
         assert kept.decode_per_seq_s == probes.decode_per_seq_s
         assert kept.slo_capacity_rps(mix, slo) == pytest.approx(truth, rel=0.1)
-        through_small = fit_to_operating_point(probes, mix, 1.0, records)
-        assert through_small.decode_per_seq_s > 4 * probes.decode_per_seq_s
-        assert through_small.slo_capacity_rps(mix, slo) < 0.6 * truth
+
+
+@pytest.mark.parametrize("probe8_error", [1.0, 1.1])
+def test_a_noisy_eight_stream_probe_does_not_move_the_capacity(probe8_error):
+    """The probes' 8-stream step varies by about 10 % between runs, and it sets the concave part
+    of the curve through 1, 8 and 32; their 32-stream step reads under the live one (SmolLM2 on
+    the AMD EPYC host: 208-232 ms against about 245 for live requests at 32). The operating
+    point's requests (20 s at 0.85 of the capacity, as the calibration runs it) refit the slope and
+    the concave part together, so the capacity, decided at larger batches than they decoded in,
+    comes out the engine's whatever the probes read: 0.93-1.02x here. With the slope alone refitted
+    under the probes' concave part it read 1.12-1.14x and 1.34-1.39x."""
+
+    from forecaster.service_model import Slo, TokenMix
+    from forecaster.service_prior import model_from_bench
+    from forecaster.simulate.profiles import ServiceProfile
+    from goodput_cli.demo_plan import DECODE_BATCHES, fit_to_operating_point
+
+    engine = ServiceProfile(name="e", prefill_tokens_per_s=630.0, decode_base_s=0.036, decode_per_seq_s=0.0045,
+                            decode_log_s=0.015, kv_capacity_tokens=1e6, max_batch=64, step_token_budget=512,
+                            slo=Slo(3.0, 0.5))
+    error = {1: 1.0, 8: probe8_error, 32: 0.88}
+    steps = {b: engine.step_s(b) * error[b] for b in (1, *DECODE_BATCHES)}
+    probes = model_from_bench({"engine_decode": [{"batch": b, "step_s": s} for b, s in steps.items()],
+                               "engine_prefill": {"tokens_per_s": 630.0}}, step_token_budget=512, max_batch=64)
+    mix = TokenMix.from_samples(list(range(30, 120)), [20 + i % 13 for i in range(90)])
+    slo = [Slo(3.0, 0.5, 0.9, "demo")]
+    truth = engine.slo_capacity_rps(mix, slo)
+    off = abs(probes.slo_capacity_rps(mix, slo) / truth - 1.0)
+    assert off > 0.08, (probes.slo_capacity_rps(mix, slo), truth)       # the probes alone are off
+    for seed in range(3):
+        rate = 0.85 * truth
+        records = _engine_run(engine, rate, 20.0, seed)
+        fitted = fit_to_operating_point(probes, mix, rate, records, min_batch=DECODE_BATCHES[0])
+        assert fitted.slo_capacity_rps(mix, slo) == pytest.approx(truth, rel=0.08), (seed, truth)

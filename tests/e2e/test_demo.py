@@ -73,6 +73,13 @@ def test_demo_phases_add_up_to_the_sidecars_counters(tmp_path):
     steps = list(read_recording(tmp_path / "forecaster-steps.jsonl"))
     assert len(steps) >= 5 and all(not s.get("warm") for s in steps)
     assert steps[-1]["sample"].arrivals_total > steps[0]["sample"].arrivals_total
+    # Every calibration request, by stage, so the calibration's fit can be read again.
+    cal = [json.loads(x) for x in (tmp_path / "calibration-records.jsonl").read_text().splitlines()]
+    stages = [c["stage"] for c in cal]
+    assert stages[:3] == ["warm-up", "prefill-short", "prefill-long"]
+    assert stages.count("decode-8") == 8 and stages.count("decode-32") == 32
+    assert {"operating-1", "operating-2"} <= set(stages)
+    assert all(c["slo_class"] == "calibrate" and c["ttft"] > 0 for c in cal)
 
 
 @pytest.mark.slow
