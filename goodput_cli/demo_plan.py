@@ -8,11 +8,11 @@ and of 32 at once, each with prompts of the mix's mean length: the step's line a
 part, forecaster.service_prior.step_curve); then open-loop Poisson arrivals with the trace's own
 mix, 8 s at 0.3 of the capacity those probes give and 20 s at 0.85 of the capacity a fit to that
 gives, whose requests' TPOTs (each against the batch it decoded in) and mean TTFT refit the
-step's slope and concave part and the fixed overhead (what a live mix costs a step, which
+step's slope and concave part (or the slope alone, where that serves less) and the fixed overhead (what a live mix costs a step, which
 short probes miss); the step only where those batches average 8 or more, since a curve through
 smaller ones reads the steep start of a concave step as its rise. The second point runs long
-and near the knee so that its requests decode in batches of 10-30, near those where the
-capacity is decided (docs/service_model/calibration-spread.md). A ramp measured by the sidecar (8 s steps from the model's capacity, x1.5 a step)
+and near the knee so that its requests decode in batches of up to 30 (15-22 on average on the
+AMD EPYC host), near those where the capacity is decided (docs/service_model/calibration-spread.md). A ramp measured by the sidecar (8 s steps from the model's capacity, x1.5 a step)
 was tried and dropped: 8 s at a rate is too short for a queue to build, so every step "met" the
 objective up to 4 req/s and the phases cut to that overloaded the replica from phase 1. The result is a `goodput bench engine`-shaped result, so the forecaster takes them as its `--prior` and
 the service model of `forecaster.service_model` turns them into requests/s within the SLO for
