@@ -225,6 +225,10 @@ def test_small_batches_leave_the_probes_slope_alone():
         kept = fit_to_operating_point(probes, mix, 1.0, records, min_batch=DECODE_BATCHES[0])
         assert kept.decode_per_seq_s == probes.decode_per_seq_s
         assert kept.slo_capacity_rps(mix, slo) == pytest.approx(truth, rel=0.1)
+        # Fitted there as the calibration fits (the slope alone beside both terms, the one that
+        # serves less kept), the steep start halves the capacity.
+        through_small = fit_to_operating_point(probes, mix, 1.0, records, slo=slo)
+        assert through_small.slo_capacity_rps(mix, slo) < 0.6 * truth
 
 
 @pytest.mark.parametrize("probe8_error", [1.0, 1.1])
