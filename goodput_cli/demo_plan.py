@@ -180,25 +180,57 @@ async def measure(cfg, prompts, long_prompt: int, decode_prompt: int = SHORT_PRO
     `decode_prompt` tokens long; (bench-shaped dict, TTFT of the short prompt alone). Every probe's
     records go into `log` as (stage, records)."""
     one = lambda n_in, n_out: PlannedRequest(0.0, n_in, n_out, slo_class=CALIBRATION_CLASS)  # noqa: E731
-    await _probe(cfg, prompts, [one(SHORT_PROMPT, 4)], "warm-up", log)
-    short, long = [], []
+    mine: list = []
+    await _probe(cfg, prompts, [one(SHORT_PROMPT, 4)], "warm-up", mine)
     for _ in range(3):                                                      # median of three, one at a time
-        short.append((await _probe(cfg, prompts, [one(SHORT_PROMPT, 1)], "prefill-short", log))[0].ttft)
-        long.append((await _probe(cfg, prompts, [one(long_prompt, 1)], "prefill-long", log))[0].ttft)
+        await _probe(cfg, prompts, [one(SHORT_PROMPT, 1)], "prefill-short", mine)
+        await _probe(cfg, prompts, [one(long_prompt, 1)], "prefill-long", mine)
+    await _probe(cfg, prompts, [one(decode_prompt, DECODE_TOKENS)], "decode-1", mine)
+    for size in DECODE_BATCHES:
+        await _probe(cfg, prompts, [one(decode_prompt, DECODE_TOKENS) for _ in range(size)], f"decode-{size}", mine)
+    if log is not None:
+        log.extend(mine)
+    return bench_from_probes(mine, cfg.model)
+
+
+def bench_from_probes(log: list, model_name: str) -> tuple[dict, float]:
+    """(bench-shaped dict, TTFT of the short prompt alone) from the probes' (stage, records), as
+    `measure` takes them: the prefill rate between the short and the long prompt's median TTFTs,
+    and the decode step at each batch as the median TPOT of its streams (never under one
+    stream's). `calibration-records.jsonl` holds the same stages, so a calibration can be refitted
+    from it (scripts/calibration_spread.py)."""
+    stages: dict = {}
+    for stage, records in log:
+        stages.setdefault(stage, []).append(records)
+    short = [records[0].ttft for records in stages["prefill-short"]]
+    long = [records[0].ttft for records in stages["prefill-long"]]
+    long_prompt = stages["prefill-long"][0][0].input_tokens
     t_short, t_long = statistics.median(short), statistics.median(long)
     prefill = (long_prompt - SHORT_PROMPT) / max(t_long - t_short, 1e-6)
-    single = await _probe(cfg, prompts, [one(decode_prompt, DECODE_TOKENS)], "decode-1", log)
-    step1 = single[0].tpot
+    step1 = stages["decode-1"][0][0].tpot
     decode = [{"batch": 1, "step_s": step1}]
     for size in DECODE_BATCHES:
-        batch = await _probe(cfg, prompts, [one(decode_prompt, DECODE_TOKENS) for _ in range(size)], f"decode-{size}", log)
-        decode.append({"batch": size, "step_s": max(statistics.median(r.tpot for r in batch), step1)})
-    bench = {"model": cfg.model, "source": "goodput demo calibration (HTTP probes through the sidecar)",
+        decode.append({"batch": size, "step_s": max(statistics.median(r.tpot for r in stages[f"decode-{size}"][0]), step1)})
+    bench = {"model": model_name, "source": "goodput demo calibration (HTTP probes through the sidecar)",
              "engine_decode": decode,
              "engine_prefill": {"tokens_per_s": prefill, "prompt_tokens": long_prompt},
              # The forecaster's online fit weighs this prior as the requests it was measured on.
              "prior_weight_requests": len(short) + len(long) + 1 + sum(DECODE_BATCHES)}
     return bench, t_short
+
+
+def probe_model(bench: dict, t_short: float, step_token_budget: int, max_batch: int):
+    """The service model the probes give, with the fixed TTFT overhead: what the short prompt's
+    TTFT holds beyond what the model itself predicts for it on an idle replica (its prefill and
+    the steps around it), so it is not counted twice."""
+    import numpy as np
+
+    from forecaster.service_model import TokenMix
+    from forecaster.service_prior import model_from_bench
+
+    model = model_from_bench(bench, step_token_budget=step_token_budget, max_batch=max_batch)
+    idle = float(model.predict(1e-9, TokenMix(np.array([float(SHORT_PROMPT)]), np.array([1.0]))).ttft_s[0])
+    return replace(model, ttft_overhead_s=max(0.0, t_short - idle))
 
 
 OPERATING_LOADS = (0.3, 0.85)       # the open-loop points: of the probes' capacity, then of the first fit's
@@ -285,7 +317,35 @@ def fit_to_operating_point(model, mix, rate: float, records, min_batch: float = 
     if len(tpots) < 3 or not ttfts:
         return model
     if float(np.mean(batches)) < min_batch:
-        return _with_overhead(model, mix, rate, ttfts)
+        return with_overhead(model, mix, rate, ttfts)
+    both = refit_step(model, tpots, batches, interference)
+    if both is None:
+        return model
+    fits = [with_overhead(both, mix, rate, ttfts)]
+    # The slope alone under the probes' concave part, from the same requests: where the two
+    # shapes part beyond the batches measured, the data cannot tell them apart, and the one that
+    # serves less is planned on.
+    alone = refit_step(model, tpots, batches, interference, concave=False) if slo is not None else None
+    if alone is not None:
+        fits.append(with_overhead(alone, mix, rate, ttfts))
+    return min(fits, key=lambda m: m.slo_capacity_rps(mix, slo)) if len(fits) > 1 else fits[0]
+
+
+def refit_step(model, tpots, batches, interference, concave: bool = True):
+    """`model` with its decode step's rise refitted to requests' TPOTs less the prefill that ran
+    beside them, each at the batch it decoded in (`decode_loads`): the slope and the concave part
+    both (>= 0), the step at one sequence held, or (`concave=False`) the slope alone under the
+    model's concave part, its base held. None where the batches carry nothing to fit."""
+    import numpy as np
+
+    y = np.array(tpots) - np.array(interference)
+    if not concave:
+        flat, lin = replace(model, decode_per_seq_s=0.0), replace(model, decode_per_seq_s=1.0)
+        g0 = np.array([flat.step_s(b) for b in batches])
+        g1 = np.array([lin.step_s(b) for b in batches]) - g0
+        if not np.sum(g1 * g1) > 0:
+            return None
+        return replace(model, decode_per_seq_s=max(0.0, float(np.sum(g1 * (y - g0)) / np.sum(g1 * g1))))
     # step(b) is linear in (c, d) for any shape of the model's step (its context term, a
     # one-sequence figure of its own): f0 + c·fc + d·fd, read off the model at unit changes.
     s1 = model.decode_base_s + model.decode_per_seq_s      # the curve at one sequence (ln 1 = 0)
@@ -297,24 +357,8 @@ def fit_to_operating_point(model, mix, rate: float, records, min_batch: float = 
     f0 = np.array([curve(0.0, 0.0).step_s(b) for b in batches])
     fc = (np.array([curve(unit, 0.0).step_s(b) for b in batches]) - f0) / unit
     fd = (np.array([curve(0.0, unit).step_s(b) for b in batches]) - f0) / unit
-    y = np.array(tpots) - np.array(interference) - f0
-    c, d = _nonnegative_pair(fc, fd, y, c_max=s1 - 1e-4)
-    if c is None:
-        return model
-    both = _with_overhead(curve(c, d), mix, rate, ttfts)
-    if slo is None:
-        return both
-    # The slope alone under the probes' concave part, from the same requests: where the two
-    # shapes part beyond the batches measured, the data cannot tell them apart, and the one that
-    # serves less is planned on.
-    flat, lin = replace(model, decode_per_seq_s=0.0), replace(model, decode_per_seq_s=1.0)
-    g0 = np.array([flat.step_s(b) for b in batches])
-    g1 = np.array([lin.step_s(b) for b in batches]) - g0
-    if not np.sum(g1 * g1) > 0:
-        return both
-    slope = max(0.0, float(np.sum(g1 * (np.array(tpots) - np.array(interference) - g0)) / np.sum(g1 * g1)))
-    alone = _with_overhead(replace(model, decode_per_seq_s=slope), mix, rate, ttfts)
-    return min((both, alone), key=lambda m: m.slo_capacity_rps(mix, slo))
+    c, d = _nonnegative_pair(fc, fd, y - f0, c_max=s1 - 1e-4)
+    return None if c is None else curve(c, d)
 
 
 def _nonnegative_pair(x1, x2, y, c_max: float):
@@ -346,7 +390,7 @@ def _nonnegative_pair(x1, x2, y, c_max: float):
     return best
 
 
-def _with_overhead(model, mix, rate: float, ttfts: list[float]):
+def with_overhead(model, mix, rate: float, ttfts: list[float]):
     """`model` with the fixed TTFT overhead that closes the mean TTFT gap at `rate` (never less
     than the one it has)."""
     import numpy as np
@@ -367,7 +411,6 @@ def calibrate(cfg, prompts: Callable[[int], object], mix_prompt: list[int], mix_
 
     import numpy as np
 
-    from forecaster.service_prior import model_from_bench
     from forecaster.service_model import Slo, TokenMix
 
     t0 = time.monotonic()
@@ -377,12 +420,7 @@ def calibrate(cfg, prompts: Callable[[int], object], mix_prompt: list[int], mix_
     log: list = []
     bench, t_short = asyncio.run(measure(cfg, prompts, long_prompt, max(SHORT_PROMPT, round(float(np.mean(mix_prompt)))),
                                          log=log))
-    model = model_from_bench(bench, step_token_budget=step_token_budget, max_batch=max_batch)
-    # The fixed overhead is what the short prompt's TTFT holds beyond what the model itself
-    # predicts for it on an idle replica (its prefill and the steps around it), so it is not
-    # counted twice.
-    idle = float(model.predict(1e-9, TokenMix(np.array([float(SHORT_PROMPT)]), np.array([1.0]))).ttft_s[0])
-    model = replace(model, ttft_overhead_s=max(0.0, t_short - idle))
+    model = probe_model(bench, t_short, step_token_budget, max_batch)
     mix = TokenMix.from_samples(mix_prompt, mix_output)
     slo = [Slo(ttft, tpot, objective, "demo")]
     probe_capacity = model.slo_capacity_rps(mix, slo)

@@ -263,3 +263,33 @@ def test_a_noisy_eight_stream_probe_does_not_move_the_capacity(probe8_error):
         records = _engine_run(engine, rate, 20.0, seed)
         fitted = fit_to_operating_point(probes, mix, rate, records, min_batch=DECODE_BATCHES[0])
         assert fitted.slo_capacity_rps(mix, slo) == pytest.approx(truth, rel=0.08), (seed, truth)
+
+
+def test_a_demo_calibration_refits_from_its_records_to_the_capacity_it_printed():
+    """The README's `make demo` run of 2026-12-07 (AMD EPYC): its calibration-records.jsonl (the
+    inter-token gaps dropped), read back and refitted by scripts/calibration_spread.py through the
+    calibration's own functions, gives the 2.66 req/s the calibration printed. That run's second
+    operating point decoded in batches of 6-17: the slope and concave part together read 3.53
+    req/s there, the slope alone 2.66, and the calibration planned on the one that serves less."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from forecaster.service_model import Slo, TokenMix
+
+    spec = importlib.util.spec_from_file_location("spread", "scripts/calibration_spread.py")
+    spread = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(spread)
+    data = Path(__file__).parent / "data"
+    stages = spread.read_stages(data / "demo-smollm2-epyc-2026-12-07d.calibration-records.jsonl.gz")
+    assert [s for s, _ in stages][:3] == ["warm-up", "prefill-short", "prefill-long"]
+    assert [len(r) for s, r in stages if s.startswith("decode-")] == [1, 8, 32]
+    bench = json.loads((data / "demo-smollm2-epyc-2026-12-07d.calibration.json").read_text())
+    mix = TokenMix.from_samples(*spread.demo_mix())
+    fit = spread.refit_one(stages, bench["probes"]["operating_point"]["rate"], mix, [Slo(3.0, 0.5, 0.9, "demo")])
+    assert fit["serves less (planned)"] == pytest.approx(2.66, abs=0.005)
+    assert fit["slope alone"] == pytest.approx(2.66, abs=0.005)
+    assert fit["slope and concave part"] == pytest.approx(3.53, abs=0.005)
+    # The prior the forecaster was handed is that fit's step at the probes' batches.
+    assert [round(d["step_s"] * 1000, 1) for d in bench["engine_decode"]] == [
+        round(v * 1000, 1) for v in fit["steps"]]
