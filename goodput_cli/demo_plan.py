@@ -11,7 +11,7 @@ gives, whose requests' TPOTs (each against the batch it decoded in) and mean TTF
 step's slope and concave part (or the slope alone, where that serves less) and the fixed overhead (what a live mix costs a step, which
 short probes miss); the step only where those batches average 8 or more, since a curve through
 smaller ones reads the steep start of a concave step as its rise. The second point runs long
-and near the knee so that its requests decode in batches of up to 30 (15-22 on average on the
+and near the knee so that its requests decode in batches of up to 30 (11-22 on average on the
 AMD EPYC host), near those where the capacity is decided (docs/service_model/calibration-spread.md). A ramp measured by the sidecar (8 s steps from the model's capacity, x1.5 a step)
 was tried and dropped: 8 s at a rate is too short for a queue to build, so every step "met" the
 objective up to 4 req/s and the phases cut to that overloaded the replica from phase 1. The result is a `goodput bench engine`-shaped result, so the forecaster takes them as its `--prior` and
