@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 from engine.dtype import REQUESTABLE
-from goodput_cli.demo_plan import CALIBRATION_CLASS, DEFAULT_PHASES, calibrate, parse_phases, plan_phases
+from goodput_cli.demo_plan import (CALIBRATION_CLASS, DEFAULT_PHASES, calibrate, parse_phases, plan_phases,
+                                   write_calibration_records)
 from goodput_cli.errors import UsageError
 
 TINY_PHASES = "under:0.5:8,burst:3:5,recovery:0.4:8"
@@ -164,11 +165,9 @@ def run(args: argparse.Namespace) -> int:
     specs = _validate(args)
     args.out.mkdir(parents=True, exist_ok=True)
     try:
-        reqs = traces.read_trace(args.trace)
+        fitted, fit = replayed_trace(args.trace, args.max_input, args.max_output)
     except traces.TraceError as exc:
         raise UsageError(str(exc)) from None
-    fitted, fit = traces.fit_to_model(traces.spread_ties(reqs), max_model_len=2048, max_input=args.max_input,
-                                      max_output=args.max_output)
     phase_classes = [f"phase-{s.name}" for s in specs]
     slo_dict = {"ttft": args.slo_ttft, "tpot": args.slo_tpot, "objective": args.objective}
     procs: list = []
@@ -196,10 +195,7 @@ def run(args: argparse.Namespace) -> int:
         prior = args.out / "calibration.json"
         prior.write_text(json.dumps(cal.bench, indent=2) + "\n")
         # Every calibration request, so the fit can be read again (docs/service_model/calibration-spread.md).
-        with open(args.out / "calibration-records.jsonl", "w") as fh:
-            for stage, stage_records in cal.records:
-                for r in stage_records:
-                    fh.write(json.dumps({"stage": stage, **r.to_json()}) + "\n")
+        write_calibration_records(args.out / "calibration-records.jsonl", cal.records)
         has_forecaster = start_forecaster(args, procs, prior)
         replay, phases = plan_phases(fitted, cal.capacity, specs, args.max_rate)
         print(f"replaying {len(replay)} requests of {args.trace.name} (prompts scaled x{fit.scale:.3f}, outputs capped at "
@@ -250,6 +246,16 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for p in reversed(procs):
             p.stop()
+
+
+def replayed_trace(path: Path = BUNDLED_TRACE, max_input: int = 512, max_output: int = 32):
+    """(requests, fit): the trace as the demo replays it, fitted to the engine's 2,048-token
+    context (its defaults: prompts scaled to at most 512 tokens, outputs capped at 32); its
+    lengths are the mix the calibration measures with."""
+    from sidecar.loadgen import traces
+
+    return traces.fit_to_model(traces.spread_ties(traces.read_trace(path)), max_model_len=2048, max_input=max_input,
+                               max_output=max_output)
 
 
 def _class_counts(sidecar_url: str) -> dict[str, dict[str, float]]:

@@ -219,6 +219,37 @@ def bench_from_probes(log: list, model_name: str) -> tuple[dict, float]:
     return bench, t_short
 
 
+def write_calibration_records(path, stages) -> None:
+    """`calibration-records.jsonl`: one line a request, its stage first, probes in the order sent."""
+    import json
+
+    with open(path, "w") as fh:
+        for stage, records in stages:
+            for r in records:
+                fh.write(json.dumps({"stage": stage, **r.to_json()}) + "\n")
+
+
+def read_calibration_records(path) -> list[tuple[str, list]]:
+    """(stage, records) from `write_calibration_records`' file (or its .gz): consecutive lines of a
+    stage are one probe (no two probes in a row share a stage: the prefill probes alternate)."""
+    import gzip
+    import json
+    from pathlib import Path
+
+    from sidecar.loadgen.summary import RequestRecord
+
+    path = Path(path)
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    out: list = []
+    for line in text.splitlines():
+        row = json.loads(line)
+        stage = row.pop("stage")
+        if not (out and out[-1][0] == stage):
+            out.append((stage, []))
+        out[-1][1].append(RequestRecord(**row))
+    return out
+
+
 def probe_model(bench: dict, t_short: float, step_token_budget: int, max_batch: int):
     """The service model the probes give, with the fixed TTFT overhead: what the short prompt's
     TTFT holds beyond what the model itself predicts for it on an idle replica (its prefill and
@@ -310,25 +341,33 @@ def fit_to_operating_point(model, mix, rate: float, records, min_batch: float = 
     concave step. SmolLM2 in float32 on a 2-core AMD EPYC steps 43, 75 and 106 ms at 1, 2 and 4
     sequences and 172 ms at 32; fitted at 0.8-1.3 req/s (batches of 2-3) the slope read 17-22 ms a
     sequence, and the capacity 1.0-1.2 req/s where the engine met the objective at 4.5."""
+    fits = operating_point_fits(model, mix, rate, records, min_batch)
+    if slo is None or len(fits) == 1:
+        return fits.get("both") or next(iter(fits.values()))
+    # Where the two shapes part beyond the batches measured, the data cannot tell them apart, and
+    # the one that serves less is planned on.
+    return min(fits.values(), key=lambda m: m.slo_capacity_rps(mix, slo))
+
+
+def operating_point_fits(model, mix, rate: float, records, min_batch: float = 0.0) -> dict:
+    """The fits `fit_to_operating_point` chooses from: {"both": the slope and the concave part
+    refitted, "slope": the slope alone under the model's concave part}, each with the fixed
+    overhead fitted; {"probes": `model` with the overhead only} where the batches average under
+    `min_batch`; {"as is": `model`} where too few requests decoded to fit anything."""
     import numpy as np
 
     tpots, batches, interference = decode_loads(records, model.prefill_tokens_per_s)
     ttfts = [r.ttft for r in records if r.ttft is not None]
     if len(tpots) < 3 or not ttfts:
-        return model
+        return {"as is": model}
     if float(np.mean(batches)) < min_batch:
-        return with_overhead(model, mix, rate, ttfts)
-    both = refit_step(model, tpots, batches, interference)
-    if both is None:
-        return model
-    fits = [with_overhead(both, mix, rate, ttfts)]
-    # The slope alone under the probes' concave part, from the same requests: where the two
-    # shapes part beyond the batches measured, the data cannot tell them apart, and the one that
-    # serves less is planned on.
-    alone = refit_step(model, tpots, batches, interference, concave=False) if slo is not None else None
-    if alone is not None:
-        fits.append(with_overhead(alone, mix, rate, ttfts))
-    return min(fits, key=lambda m: m.slo_capacity_rps(mix, slo)) if len(fits) > 1 else fits[0]
+        return {"probes": with_overhead(model, mix, rate, ttfts)}
+    fits = {}
+    for name, concave in (("both", True), ("slope", False)):
+        fitted = refit_step(model, tpots, batches, interference, concave=concave)
+        if fitted is not None:
+            fits[name] = with_overhead(fitted, mix, rate, ttfts)
+    return fits or {"as is": model}
 
 
 def refit_step(model, tpots, batches, interference, concave: bool = True):
@@ -357,37 +396,13 @@ def refit_step(model, tpots, batches, interference, concave: bool = True):
     f0 = np.array([curve(0.0, 0.0).step_s(b) for b in batches])
     fc = (np.array([curve(unit, 0.0).step_s(b) for b in batches]) - f0) / unit
     fd = (np.array([curve(0.0, unit).step_s(b) for b in batches]) - f0) / unit
-    c, d = _nonnegative_pair(fc, fd, y - f0, c_max=s1 - 1e-4)
-    return None if c is None else curve(c, d)
+    if not (np.any(fc) or np.any(fd)):
+        return None
+    from scipy.optimize import lsq_linear
 
-
-def _nonnegative_pair(x1, x2, y, c_max: float):
-    """argmin |y − c·x1 − d·x2|² over 0 <= c <= c_max, d >= 0 (the best feasible solution on each
-    set of free coefficients); (None, None) where neither column carries anything."""
-    import numpy as np
-
-    best, best_sse = (None, None), math.inf
-    for free in ((0, 1), (0,), (1,)):
-        cols = np.column_stack([(x1, x2)[i] for i in free])
-        if not np.any(cols):
-            continue
-        sol, *_ = np.linalg.lstsq(cols, y, rcond=None)
-        coef = [0.0, 0.0]
-        for i, v in zip(free, sol):
-            coef[i] = float(v)
-        if coef[0] > c_max:                   # the base would go under zero: the slope at its cap
-            coef[0] = c_max
-            if 1 in free:
-                rest = y - c_max * x1
-                coef[1] = float(np.dot(x2, rest) / np.dot(x2, x2)) if np.any(x2) else 0.0
-        if coef[0] < 0.0 or coef[1] < 0.0:
-            continue
-        sse = float(np.sum((y - coef[0] * x1 - coef[1] * x2) ** 2))
-        if sse < best_sse:
-            best, best_sse = (coef[0], coef[1]), sse
-    if best[0] is None and np.any(x1) | np.any(x2):
-        return 0.0, 0.0
-    return best
+    # 0 <= c < s1 keeps the base positive; d >= 0.
+    c, d = lsq_linear(np.column_stack([fc, fd]), y - f0, bounds=([0.0, 0.0], [s1 - 1e-4, np.inf])).x
+    return curve(float(c), float(d))
 
 
 def with_overhead(model, mix, rate: float, ttfts: list[float]):
@@ -439,10 +454,9 @@ def calibrate(cfg, prompts: Callable[[int], object], mix_prompt: list[int], mix_
     ttfts: list = []
     records: list = []
     rates: list = []
-    rate, first = OPERATING_LOADS[0] * probe_capacity, model
+    first, capacity = model, probe_capacity
     for k, (load, seconds) in enumerate(zip(OPERATING_LOADS, OPERATING_SECONDS)):
-        if k:
-            rate = load * model.slo_capacity_rps(mix, slo)
+        rate = load * capacity   # of the probes' capacity, then of the first fit's
         if max_rate is not None:
             rate = min(rate, max_rate)
         records = asyncio.run(measure_operating_point(cfg, prompts, mix_prompt, mix_output, rate, seconds * time_scale,
@@ -451,9 +465,9 @@ def calibrate(cfg, prompts: Callable[[int], object], mix_prompt: list[int], mix_
         tpots = [r.tpot for r in records if r.tpot is not None and r.output_tokens > 1]
         ttfts = [r.ttft for r in records if r.ttft is not None]
         model = fit_to_operating_point(first, mix, rate, records, min_batch=DECODE_BATCHES[0], slo=slo)
-        if not model.slo_capacity_rps(mix, slo) > 0:
+        capacity = model.slo_capacity_rps(mix, slo)
+        if not capacity > 0:
             break
-    capacity = model.slo_capacity_rps(mix, slo)
     if not capacity > 0:
         raise RuntimeError(f"at {rate:.2f} req/s this engine's mean TPOT was {np.mean(tpots) * 1000:.0f} ms and TTFT "
                            f"{np.mean(ttfts) * 1000:.0f} ms: the service model fitted to that serves nothing within "

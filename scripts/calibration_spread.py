@@ -33,44 +33,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from forecaster.service_model import Slo, TokenMix  # noqa: E402
 from goodput_cli import demo  # noqa: E402
 from goodput_cli import demo_plan as dp  # noqa: E402
-from sidecar.loadgen import traces  # noqa: E402
-from sidecar.loadgen.summary import RequestRecord  # noqa: E402
 
 STEP_TOKEN_BUDGET, MAX_BATCH = 512, 64      # as `goodput demo` calibrates
 
 
 def demo_mix() -> tuple[list[int], list[int]]:
-    """The prompt and output lengths `goodput demo` replays (its defaults: the bundled trace fitted
-    to a 2,048-token context, prompts capped at 512, outputs at 32)."""
-    fitted, _ = traces.fit_to_model(traces.spread_ties(traces.read_trace(demo.BUNDLED_TRACE)), max_model_len=2048,
-                                    max_input=512, max_output=32)
+    """The prompt and output lengths `goodput demo` replays, with its defaults."""
+    fitted, _ = demo.replayed_trace()
     return [r.input_tokens for r in fitted], [r.output_tokens for r in fitted]
-
-
-def write_stages(path: Path, stages) -> None:
-    with open(path, "w") as fh:
-        for stage, records in stages:
-            for r in records:
-                fh.write(json.dumps({"stage": stage, **r.to_json()}) + "\n")
-
-
-def read_stages(path: Path) -> list[tuple[str, list[RequestRecord]]]:
-    """(stage, records) in the order written; consecutive lines of one stage are one probe, except
-    the one-request probes, which repeat (prefill-short, prefill-long) and are one each."""
-    import gzip
-
-    path = Path(path)
-    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
-    out: list = []
-    for line in text.splitlines():
-        row = json.loads(line)
-        stage = row.pop("stage")
-        record = RequestRecord(**row)
-        if out and out[-1][0] == stage and not stage.startswith(("prefill-", "warm-up")):
-            out[-1][1].append(record)
-        else:
-            out.append((stage, [record]))
-    return out
 
 
 def measure(args) -> int:
@@ -98,7 +68,7 @@ def measure(args) -> int:
             cal = dp.calibrate(cfg, lambda j: PromptFactory(tokenizer, seed=1000 + j), mix_prompt, mix_output,
                                args.slo_ttft, args.slo_tpot, args.objective, step_token_budget=STEP_TOKEN_BUDGET,
                                max_batch=MAX_BATCH, time_scale=0.15 if tiny else 1.0, max_rate=20.0 if tiny else None)
-            write_stages(args.out / f"cal-{k}.jsonl", cal.records)
+            dp.write_calibration_records(args.out / f"cal-{k}.jsonl", cal.records)
             load = os.getloadavg()
             (args.out / f"cal-{k}.json").write_text(json.dumps({"capacity": cal.capacity, "line": cal.line,
                                                                 "bench": cal.bench, "load": load}, indent=1))
@@ -107,7 +77,7 @@ def measure(args) -> int:
         for rate, seed in args.truth:
             records = asyncio.run(dp.measure_operating_point(cfg, lambda j: PromptFactory(tokenizer, seed=9000 + j),
                                                              mix_prompt, mix_output, rate, args.seconds, seed=seed))
-            write_stages(args.out / f"truth-{rate:g}-{seed}.jsonl", [(f"truth-{rate:g}", records)])
+            dp.write_calibration_records(args.out / f"truth-{rate:g}-{seed}.jsonl", [(f"truth-{rate:g}", records)])
             good = sum(r.outcome == "good" for r in records) / len(records)
             print(f"Poisson {rate:g} req/s, seed {seed}, {args.seconds:g} s: {good:.1%} of {len(records)} met the SLO "
                   f"(load average {os.getloadavg()[0]:.2f})", flush=True)
@@ -118,24 +88,24 @@ def measure(args) -> int:
 
 
 def refit_one(stages, rate: float, mix, slo) -> dict:
-    """Capacity, req/s, of the probes alone and of each fit of the second operating point."""
+    """Capacity, req/s, of the probes alone and of each fit of the second operating point, as
+    `goodput_cli.demo_plan.calibrate` made them; the planned one is the one that serves less."""
     probes = [(s, r) for s, r in stages if not s.startswith("operating-")]
     bench, t_short = dp.bench_from_probes(probes, "?")
     first = dp.probe_model(bench, t_short, STEP_TOKEN_BUDGET, MAX_BATCH)
     op = next(r for s, r in stages if s == "operating-2")
-    tpots, batches, interference = dp.decode_loads(op, first.prefill_tokens_per_s)
-    ttfts = [r.ttft for r in op if r.ttft is not None]
-    both = dp.fit_to_operating_point(first, mix, rate, op, min_batch=dp.DECODE_BATCHES[0])
-    cautious = dp.fit_to_operating_point(first, mix, rate, op, min_batch=dp.DECODE_BATCHES[0], slo=slo)
-    alone = first
-    if len(tpots) >= 3 and ttfts and float(np.mean(batches)) >= dp.DECODE_BATCHES[0]:
-        alone = dp.with_overhead(dp.refit_step(first, tpots, batches, interference, concave=False) or first, mix, rate,
-                                 ttfts)
+    fits = dp.operating_point_fits(first, mix, rate, op, min_batch=dp.DECODE_BATCHES[0])
+    planned = dp.fit_to_operating_point(first, mix, rate, op, min_batch=dp.DECODE_BATCHES[0], slo=slo)
+    capacity = planned.slo_capacity_rps(mix, slo)
+    batches = dp.decode_loads(op, first.prefill_tokens_per_s)[1]
     return {"probe steps ms": [round(s["step_s"] * 1000) for s in bench["engine_decode"]],
-            "steps": [cautious.step_s(b) for b in (1, *dp.DECODE_BATCHES)],
+            "steps": [planned.step_s(b) for b in (1, *dp.DECODE_BATCHES)],
             "batches": (float(np.mean(batches)), float(min(batches)), float(max(batches))) if batches else None,
-            "probes": first.slo_capacity_rps(mix, slo), "slope alone": alone.slo_capacity_rps(mix, slo),
-            "slope and concave part": both.slo_capacity_rps(mix, slo), "serves less (planned)": cautious.slo_capacity_rps(mix, slo)}
+            "probes": first.slo_capacity_rps(mix, slo),
+            # under the calibration's smallest batch, neither is fitted: the planned one stands for both
+            "slope alone": fits["slope"].slo_capacity_rps(mix, slo) if "slope" in fits else capacity,
+            "slope and concave part": fits["both"].slo_capacity_rps(mix, slo) if "both" in fits else capacity,
+            "serves less (planned)": capacity}
 
 
 def refit(args) -> int:
@@ -155,7 +125,7 @@ def refit(args) -> int:
     print("|---" * (3 + len(columns)) + "|")
     got: dict = {c: [] for c in columns}
     for path, bench in runs:
-        fit = refit_one(read_stages(path), float(bench["probes"]["operating_point"]["rate"]), mix, slo)
+        fit = refit_one(dp.read_calibration_records(path), float(bench["probes"]["operating_point"]["rate"]), mix, slo)
         b = fit["batches"]
         cells = [f"{fit[c]:.2f}" for c in columns]
         for c in columns:
@@ -164,7 +134,7 @@ def refit(args) -> int:
               + (f"{b[0]:.1f} ({b[1]:.0f}-{b[2]:.0f})" if b else "-") + " | " + " | ".join(cells) + " |")
     print("| all | | | " + " | ".join(f"{min(v):.2f}-{max(v):.2f}, mean {np.mean(v):.2f}" for v in got.values()) + " |")
     for path in sorted(args.dir.glob("truth-*.jsonl")):
-        records = read_stages(path)[0][1]
+        records = dp.read_calibration_records(path)[0][1]
         good = sum(r.outcome == "good" for r in records) / len(records)
         print(f"{path.stem}: {good:.1%} of {len(records)} met the SLO")
     return 0

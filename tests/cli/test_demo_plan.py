@@ -261,7 +261,7 @@ def test_a_noisy_eight_stream_probe_does_not_move_the_capacity(probe8_error):
     for seed in range(3):
         rate = 0.85 * truth
         records = _engine_run(engine, rate, 20.0, seed)
-        fitted = fit_to_operating_point(probes, mix, rate, records, min_batch=DECODE_BATCHES[0])
+        fitted = fit_to_operating_point(probes, mix, rate, records, min_batch=DECODE_BATCHES[0], slo=slo)
         assert fitted.slo_capacity_rps(mix, slo) == pytest.approx(truth, rel=0.08), (seed, truth)
 
 
@@ -276,12 +276,13 @@ def test_a_demo_calibration_refits_from_its_records_to_the_capacity_it_printed()
     from pathlib import Path
 
     from forecaster.service_model import Slo, TokenMix
+    from goodput_cli.demo_plan import read_calibration_records
 
     spec = importlib.util.spec_from_file_location("spread", "scripts/calibration_spread.py")
     spread = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(spread)
     data = Path(__file__).parent / "data"
-    stages = spread.read_stages(data / "demo-smollm2-epyc-2026-12-07d.calibration-records.jsonl.gz")
+    stages = read_calibration_records(data / "demo-smollm2-epyc-2026-12-07d.calibration-records.jsonl.gz")
     assert [s for s, _ in stages][:3] == ["warm-up", "prefill-short", "prefill-long"]
     assert [len(r) for s, r in stages if s.startswith("decode-")] == [1, 8, 32]
     bench = json.loads((data / "demo-smollm2-epyc-2026-12-07d.calibration.json").read_text())
