@@ -2,7 +2,7 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py sidecar/_fastrelay.c | sha1sum | cut -c1-12)
 
 .PHONY: demo test test-fast venv clean
 
@@ -12,7 +12,7 @@ $(BIN)/python:
 	# torch first, exactly this version: the CPU wheel on this disk. A looser pin pulls a CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
 
-$(STAMP): $(BIN)/python pyproject.toml
+$(STAMP): $(BIN)/python pyproject.toml setup.py sidecar/_fastrelay.c
 	$(BIN)/pip install -q -e '.[test]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)

@@ -52,9 +52,10 @@ def register(registry) -> None:
                         "2,048-token prompts), sparse, fast64 (default: all)")
     b.add_argument("--arms", default="direct,direct-again,relay,sidecar,litellm",
                    help="comma-separated, of direct, direct-again (the direct path again, as an arm: the method's "
-                        "own floor), relay, sidecar, sidecar-aiohttp (the sidecar on aiohttp's HTTP "
+                        "own floor), relay, sidecar, sidecar-python (the sidecar with its C fast path for streamed "
+                        "tokens off), sidecar-aiohttp (the sidecar on aiohttp's HTTP "
                         "server), sidecar-otlp (the sidecar exporting spans and metrics over OTLP/HTTP to a local "
-                        "receiver), litellm (default: all but sidecar-aiohttp and sidecar-otlp; direct is required). "
+                        "receiver), litellm (default: all but sidecar-python, sidecar-aiohttp and sidecar-otlp; direct is required). "
                         "litellm is installed on first use into $GOODPUT_CACHE/litellm-venv")
 
 

@@ -18,7 +18,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from sidecar.fastrequest import SENT, FastRequest
 from sidecar.http1 import HttpError
 from sidecar.timing import StreamTimer
-from sidecar.upstream import UpstreamFailed
+from sidecar.upstream import FAST_PATH, Connection, UpstreamFailed
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones aiohttp recomputes.
 _DROP_REQUEST = frozenset(("connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
@@ -192,7 +192,32 @@ async def relay_sse(request: web.BaseRequest, conn, timer: StreamTimer, clock) -
                 conn.pause()
                 loop.create_task(_resume_when_drained(transport, conn, paused))
 
-    error_type = await conn.start_body(sink)
+    # The C fast path (sidecar/_fastrelay.c): armed after any read the Python path handled, once
+    # the head is out and the timer is past its first token, it takes each later read that is one
+    # chunk holding one ordinary token: timed and written exactly as `sink` would, without Python.
+    fast = None
+    if ends_with_upstream and FAST_PATH and isinstance(conn, Connection):
+        def pressure() -> None:
+            # The client reads slower than the upstream writes: back to `sink`, which pauses.
+            conn._fast = None
+            if not paused:
+                paused.append(True)
+                conn.pause()
+                loop.create_task(_resume_when_drained(transport, conn, paused))
+
+        fast = (transport.write, timer, timer.gaps, transport.get_write_buffer_size, _HIGH_WATER, pressure,
+                transport.is_closing)
+
+    def armed_sink(data: bytes) -> None:
+        sink(data)
+        if not head and not paused and not terminated and timer.plain_next:
+            conn._fast = fast
+
+    try:
+        error_type = await conn.start_body(sink if fast is None else armed_sink)
+    finally:
+        if fast is not None:
+            conn._fast = None
     if head and not transport.is_closing():
         transport.write(head)
     if error_type is not None and not transport.is_closing():

@@ -19,6 +19,7 @@ from sidecar.app import Sidecar
 from sidecar.fastserver import FastServer
 from sidecar.ratelog import RateLimitedLog
 from sidecar.relay import error_response
+from sidecar.upstream import FAST_PATH
 
 log = logging.getLogger("goodput.sidecar")
 _limited = RateLimitedLog(log)
@@ -126,7 +127,8 @@ async def serve(app: Sidecar, announce=print) -> int:
     running = await RunningSidecar(app).start()
     config = app.config
     announce(f"goodput sidecar listening on http://{config.host}:{running.port} -> {config.upstream} "
-             f"(SLO classes: {', '.join(config.slo.classes)}; default {config.slo.default_class})")
+             f"(SLO classes: {', '.join(config.slo.classes)}; default {config.slo.default_class}; streamed tokens: "
+             f"{'C fast path' if FAST_PATH else 'Python path'})")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -114,6 +114,18 @@ class StreamTimer:
         self._last = now
         self._chunks += count
 
+    @property
+    def plain_next(self) -> bool:
+        """Whether the next ordinary token may be taken by the C fast path (sidecar/_fastrelay.c),
+        which does what `relay`'s fast path does: past the first token, nothing partial held,
+        the model known, no text captured."""
+        return self._first is not None and not self._buf and self._model is not None and self._texts is None
+
+    @property
+    def gaps(self) -> list[float]:
+        """The inter-token gaps so far: the list itself, which the C fast path appends to."""
+        return self._itl
+
     def relay(self, data: bytes, now: float) -> bytes:
         """Like feed(); returns the bytes to pass on (`data` itself unless stripping usage)."""
         # Fast path: no leftover, exactly one `data:` line and its blank line, an ordinary token.

@@ -15,12 +15,40 @@ detected (closed before any response byte) and the request is retried once on a 
 from __future__ import annotations
 
 import asyncio
+import os
 import ssl as ssl_module
 import time
 from typing import Callable
 from urllib.parse import urlsplit
 
 _HEAD, _CHUNKED, _LENGTH, _UNTIL_CLOSE, _DONE = range(5)
+
+
+def _fast_base():
+    """The C fast path (sidecar/_fastrelay.c, built at install when a compiler is there) as
+    Connection's base, or None: not built, turned off (GOODPUT_NO_FASTRELAY=1), or a platform
+    where the clocks it times with are not the ones the Python side reads."""
+    if os.environ.get("GOODPUT_NO_FASTRELAY", "") not in ("", "0"):
+        return None
+    try:
+        from sidecar import _fastrelay
+    except ImportError:
+        return None
+    # It stamps tokens and reads with CLOCK_MONOTONIC: time.perf_counter and time.monotonic
+    # read that same clock on Linux; elsewhere they may not, and the Python path runs.
+    if abs(_fastrelay.monotonic() - time.perf_counter()) > 0.01 or abs(_fastrelay.monotonic() - time.monotonic()) > 0.01:
+        return None
+    return _fastrelay.FastBase
+
+
+class _PyBase:
+    """What Connection has from the C base when that is not built: the fast path never armed."""
+    _fast = None
+    _fast_clear = False
+
+
+_FastBase = _fast_base()
+FAST_PATH = _FastBase is not None     # whether streamed tokens take the C path
 
 
 class UpstreamFailed(Exception):
@@ -40,8 +68,12 @@ class Head:
         self.content_type = ctype.split(";", 1)[0].strip().lower()
 
 
-class Connection(asyncio.Protocol):
-    """One upstream connection; serves one request at a time."""
+class Connection(_FastBase or _PyBase, asyncio.Protocol):
+    """One upstream connection; serves one request at a time.
+
+    With the C base, `data_received` is C: a read that is exactly one chunk holding one
+    ordinary token, while `relay_sse` has armed `_fast`, is timed and written there; any other
+    read comes to `_py_data_received`. Without it, `data_received` is `_py_data_received`."""
 
     def __init__(self, pool: "UpstreamPool"):
         self._pool = pool
@@ -67,6 +99,8 @@ class Connection(asyncio.Protocol):
         self._pending: list[bytes] = []
         self._held = 0
         self.error: str | None = None
+        self._fast = None          # the C fast path's arming (a tuple from relay_sse), or None
+        self._fast_clear = False   # the chunk decoder holds nothing partial: whole-chunk reads are safe
 
     # ---- used by the proxy -----------------------------------------------------------------
     async def send(self, head: bytes, body: bytes, sent: Callable[[], None] | None = None) -> Head:
@@ -118,7 +152,7 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport):
         self.transport = transport
 
-    def data_received(self, data: bytes) -> None:
+    def _py_data_received(self, data: bytes) -> None:
         self.last_activity = time.monotonic()
         self.got_bytes = True
         state = self._state
@@ -136,6 +170,7 @@ class Connection(asyncio.Protocol):
                         sink(data[eol + 2:-2])
                         return
             self._chunked(data)
+            self._fast_clear = self._state == _CHUNKED and not (self._buf or self._remaining or self._crlf)
         elif state == _HEAD:
             self._parse_head(data)
         elif state == _LENGTH:
@@ -145,6 +180,9 @@ class Connection(asyncio.Protocol):
         # _DONE: bytes after a finished response are a protocol error; the connection closes.
         else:
             self._keep_alive = False
+
+    if _FastBase is None:
+        data_received = _py_data_received
 
     def connection_lost(self, exc) -> None:
         self.closed = True
@@ -202,6 +240,7 @@ class Connection(asyncio.Protocol):
         rest_bytes = buf[end + 4:]
         if chunked:
             self._state = _CHUNKED
+            self._fast_clear = True
         elif length is not None or status in (204, 304):
             self._state = _LENGTH
             self._remaining = length or 0

@@ -26,9 +26,11 @@ from goodput_cli.procs import ServerProcess
 
 # direct-again: the direct path measured again as an arm (A/A): what "added" reads when nothing is added.
 # sidecar-aiohttp: the sidecar on aiohttp's HTTP server (--http-server aiohttp), to compare the servers.
+# sidecar-python: the sidecar with its C fast path for streamed tokens off (GOODPUT_NO_FASTRELAY=1),
+# to measure what that path saves.
 # sidecar-otlp: the sidecar exporting its spans and GenAI metrics over OTLP/HTTP (to `otlp_sink.py`),
 # to measure what exporting costs.
-ARMS = ("direct", "direct-again", "relay", "sidecar", "sidecar-aiohttp", "sidecar-otlp", "litellm")
+ARMS = ("direct", "direct-again", "relay", "sidecar", "sidecar-python", "sidecar-aiohttp", "sidecar-otlp", "litellm")
 
 
 def free_port() -> int:
@@ -212,8 +214,8 @@ def start_stack(ttft: float, itl: float, plan: CorePlan, arms: tuple[str, ...], 
                               f"http://127.0.0.1:{port}/health", plan.load)
             # The SDK's defaults otherwise: spans batched every 5 s (512 at most a post), metrics every 60 s.
             otlp = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}"}
-        for arm, server, env in (("sidecar", "fast", None), ("sidecar-aiohttp", "aiohttp", None),
-                                 ("sidecar-otlp", "fast", otlp)):
+        for arm, server, env in (("sidecar", "fast", None), ("sidecar-python", "fast", {"GOODPUT_NO_FASTRELAY": "1"}),
+                                 ("sidecar-aiohttp", "aiohttp", None), ("sidecar-otlp", "fast", otlp)):
             if arm in arms:
                 port = free_port()
                 stack.procs[arm] = Proc(arm, [py, "-m", "goodput_cli", "sidecar", "run", "--upstream", up_url,

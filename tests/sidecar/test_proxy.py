@@ -16,10 +16,14 @@ import openai
 import pytest
 
 
-@pytest.fixture(params=["fast", "aiohttp"])
-def sidecar(request, sidecars, upstream):
-    """Every test here runs on both HTTP servers (`--http-server`): they share the handlers."""
-    return sidecars.start(upstream, models=("scripted",), http_server=request.param)
+@pytest.fixture(params=["fast", "fast-python", "aiohttp"])
+def sidecar(request, sidecars, upstream, monkeypatch):
+    """Every test here runs on both HTTP servers (`--http-server`): they share the handlers. On the
+    fast server, streamed tokens take the C path (sidecar/_fastrelay.c) where it is built, and the
+    Python path in "fast-python"; the aiohttp server always takes the Python path."""
+    if request.param == "fast-python":
+        monkeypatch.setattr("sidecar.relay.FAST_PATH", False)
+    return sidecars.start(upstream, models=("scripted",), http_server=request.param.split("-")[0])
 
 
 TTFT, ITL, N = 0.08, 0.02, 8
