@@ -84,8 +84,8 @@ static int plain_token(const char *p, Py_ssize_t n)
 static Py_ssize_t one_chunk(const char *d, Py_ssize_t n, const char **payload)
 {
     Py_ssize_t eol = -1, size = 0;
-    for (Py_ssize_t k = 0; k < n && k < 10; k++) {
-        if (d[k] == '\r' && k + 1 < n && d[k + 1] == '\n') {
+    for (Py_ssize_t k = 0; k + 1 < n && k + 1 < 10; k++) {   /* data.find(b"\r\n", 0, 10) */
+        if (d[k] == '\r' && d[k + 1] == '\n') {
             eol = k;
             break;
         }
@@ -161,17 +161,17 @@ static PyObject *FastBase_data_received(FastBase *self, PyObject *data)
         const char *payload;
         Py_ssize_t n = one_chunk(PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), &payload);
         if (n > 0 && one_event(payload, n) && plain_token(payload, n)) {
+            Py_INCREF(fast);   /* the calls below may disarm (and free) it */
             PyObject *is_closing = PyObject_CallNoArgs(PyTuple_GET_ITEM(fast, 6));
             if (is_closing == NULL)
-                return NULL;
+                goto fail;
             int closing = PyObject_IsTrue(is_closing);
             Py_DECREF(is_closing);
             if (closing < 0)
-                return NULL;
+                goto fail;
             if (!closing) {
                 double mono = monotonic_now();
                 self->last_activity = mono;
-                Py_INCREF(fast);   /* the calls below may disarm (and free) it */
                 /* perf_counter is CLOCK_MONOTONIC on Linux, as the module checks at import */
                 if (count_token(PyTuple_GET_ITEM(fast, 1), PyTuple_GET_ITEM(fast, 2), mono) < 0)
                     goto fail;
@@ -194,13 +194,14 @@ static PyObject *FastBase_data_received(FastBase *self, PyObject *data)
                 }
                 Py_DECREF(fast);
                 Py_RETURN_NONE;
-            fail:
-                Py_DECREF(fast);
-                return NULL;
             }
+            Py_DECREF(fast);
         }
     }
     return PyObject_CallMethodOneArg((PyObject *)self, str_py_data_received, data);
+fail:
+    Py_DECREF(fast);
+    return NULL;
 }
 
 static PyObject *FastBase_event_fast(PyObject *module, PyObject *data)

@@ -210,8 +210,9 @@ async def relay_sse(request: web.BaseRequest, conn, timer: StreamTimer, clock) -
 
     def armed_sink(data: bytes) -> None:
         sink(data)
-        if not head and not paused and not terminated and timer.plain_next:
-            conn._fast = fast
+        # Re-decided after every read Python handled: a partial event it now holds (an event
+        # split across chunks) must have its next chunk come here too, to be joined.
+        conn._fast = fast if not head and not paused and not terminated and timer.plain_next else None
 
     try:
         error_type = await conn.start_body(sink if fast is None else armed_sink)

@@ -244,3 +244,49 @@ def test_without_the_c_path_the_protocol_is_the_python_one():
     env = dict(os.environ, GOODPUT_NO_FASTRELAY="1")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_an_event_split_across_chunks_is_joined_by_python_not_taken_in_halves(sidecars, upstream):
+    # A two-line event whose first line ends one chunk: the second chunk alone looks like a plain
+    # token, but it is the rest of an event Python holds; armed before, the C path must let it by.
+    import asyncio
+
+    from sidecar.relay import relay_sse
+
+    class _Client:
+        chunked = True
+
+        def __init__(self):
+            self.transport = _Transport()
+
+        def start_response(self, *a):
+            return b"HEAD"
+
+        def end_response(self, terminated=False):
+            pass
+
+    async def run():
+        conn = Connection(_Pool())
+        conn.connection_made(_Transport())
+        conn._done_waiter = asyncio.get_running_loop().create_future()
+        conn.data_received(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        timer = StreamTimer(0.0, "chat")
+        client = _Client()
+        import sidecar.relay as relay
+        relay.FastRequest, saved = _Client, relay.FastRequest
+        try:
+            task = asyncio.get_running_loop().create_task(relay_sse(client, conn, timer, fastrelay.monotonic))
+            await asyncio.sleep(0)
+            for read in (chunk(TOKEN), chunk(TOKEN), chunk(b'data: {"choices":[{"delta":{"content":"a"},"finish_reason":"stop"}]}\n'), chunk(TOKEN), chunk(TOKEN)):
+                conn.data_received(read)
+            conn._finish()
+            await task
+        finally:
+            relay.FastRequest = saved
+        return client.transport.written, timer
+
+    written, timer = asyncio.run(run())
+    # Tokens 1 and 2 (the second by C), then the split event: two data lines, one event whose
+    # payload is not one JSON document, so it counts nothing; the last token is C's again.
+    assert timer._chunks == 3 and len(timer.gaps) == 2 and timer._buf == b""
+    assert written[-1] == chunk(TOKEN)
