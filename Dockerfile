@@ -12,14 +12,19 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY goodput_cli ./goodput_cli
 COPY engine ./engine
 COPY sidecar ./sidecar
 COPY forecaster ./forecaster
 COPY dashboards ./dashboards
 COPY tracefiles ./tracefiles
-RUN pip install . && python -c "import goodput_cli.main"
+# A C compiler for the install only: it builds the sidecar's fast path for streamed tokens
+# (sidecar/_fastrelay.c), which the slim image would otherwise skip, running the Python path.
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && pip install . \
+    && python -c "import goodput_cli.main; from sidecar.upstream import FAST_PATH; assert FAST_PATH, 'C fast path not built'" \
+    && apt-get purge -y --auto-remove gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 
 # Non-root, matching the chart's runAsUser/runAsGroup 10001. The root filesystem is read-only in
 # the chart; model caches go to emptyDirs mounted under $HOME/.cache and /tmp.
