@@ -114,15 +114,35 @@ static int one_event(const char *p, Py_ssize_t n)
     return memchr(p, '\n', (size_t)n) == p + n - 2;
 }
 
+/* obj.name = value, the reference to value taken over (NULL: its creation failed). */
+static int set_taken(PyObject *obj, PyObject *name, PyObject *value)
+{
+    if (value == NULL)
+        return -1;
+    int rc = PyObject_SetAttr(obj, name, value);
+    Py_DECREF(value);
+    return rc;
+}
+
+/* A float or int attribute as a double (-1 with an error set on failure). */
+static double number_attr(PyObject *obj, PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL)
+        return -1.0;
+    double x = PyFloat_AsDouble(v);
+    Py_DECREF(v);
+    return x;
+}
+
 /* Account one token on the timer: _itl.append(now - _last); _last = now; _chunks += 1. */
 static int count_token(PyObject *timer, PyObject *itl, double now)
 {
-    PyObject *last = PyObject_GetAttr(timer, str_last);
-    if (last == NULL)
-        return -1;
-    double before = PyFloat_AsDouble(last);
-    Py_DECREF(last);
+    double before = number_attr(timer, str_last);
     if (before == -1.0 && PyErr_Occurred())
+        return -1;
+    double chunks = number_attr(timer, str_chunks);
+    if (chunks == -1.0 && PyErr_Occurred())
         return -1;
     PyObject *gap = PyFloat_FromDouble(now - before);
     if (gap == NULL)
@@ -131,26 +151,9 @@ static int count_token(PyObject *timer, PyObject *itl, double now)
     Py_DECREF(gap);
     if (rc < 0)
         return -1;
-    PyObject *when = PyFloat_FromDouble(now);
-    if (when == NULL)
+    if (set_taken(timer, str_last, PyFloat_FromDouble(now)) < 0)
         return -1;
-    rc = PyObject_SetAttr(timer, str_last, when);
-    Py_DECREF(when);
-    if (rc < 0)
-        return -1;
-    PyObject *chunks = PyObject_GetAttr(timer, str_chunks);
-    if (chunks == NULL)
-        return -1;
-    Py_ssize_t count = PyLong_AsSsize_t(chunks);
-    Py_DECREF(chunks);
-    if (count == -1 && PyErr_Occurred())
-        return -1;
-    PyObject *next = PyLong_FromSsize_t(count + 1);
-    if (next == NULL)
-        return -1;
-    rc = PyObject_SetAttr(timer, str_chunks, next);
-    Py_DECREF(next);
-    return rc;
+    return set_taken(timer, str_chunks, PyLong_FromDouble(chunks + 1.0));
 }
 
 static PyObject *FastBase_data_received(FastBase *self, PyObject *data)

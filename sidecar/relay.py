@@ -18,7 +18,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from sidecar.fastrequest import SENT, FastRequest
 from sidecar.http1 import HttpError
 from sidecar.timing import StreamTimer
-from sidecar.upstream import FAST_PATH, Connection, UpstreamFailed
+from sidecar.upstream import FAST_PATH, UpstreamFailed
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones aiohttp recomputes.
 _DROP_REQUEST = frozenset(("connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
@@ -176,6 +176,24 @@ async def relay_sse(request: web.BaseRequest, conn, timer: StreamTimer, clock) -
     ends_with_upstream = out is SENT and chunked
     terminated = False
 
+    def hold_upstream() -> None:
+        # The client reads slower than the upstream writes: stop reading it until the client drains.
+        paused.append(True)
+        conn.pause()
+        loop.create_task(_resume_when_drained(transport, conn, paused))
+
+    def pressure() -> None:
+        # The C path's hand-back when the client's buffer is full: Python's again, held.
+        conn._fast = None
+        if not paused:
+            hold_upstream()
+
+    # The C fast path (sidecar/_fastrelay.c): armed after any read the Python path handled, once
+    # the head is out and the timer is past its first token, it takes each later read that is one
+    # chunk holding one ordinary token: timed and written exactly as `sink` would, without Python.
+    fast = (transport.write, timer, timer.gaps, transport.get_write_buffer_size, _HIGH_WATER, pressure,
+            transport.is_closing) if ends_with_upstream and FAST_PATH else None
+
     def sink(data: bytes) -> None:
         nonlocal head, terminated
         forward = relay(data, clock())
@@ -188,34 +206,14 @@ async def relay_sse(request: web.BaseRequest, conn, timer: StreamTimer, clock) -
                 terminated = True
             transport.write(frame)
             if not paused and transport.get_write_buffer_size() > _HIGH_WATER:
-                paused.append(True)
-                conn.pause()
-                loop.create_task(_resume_when_drained(transport, conn, paused))
-
-    # The C fast path (sidecar/_fastrelay.c): armed after any read the Python path handled, once
-    # the head is out and the timer is past its first token, it takes each later read that is one
-    # chunk holding one ordinary token: timed and written exactly as `sink` would, without Python.
-    fast = None
-    if ends_with_upstream and FAST_PATH and isinstance(conn, Connection):
-        def pressure() -> None:
-            # The client reads slower than the upstream writes: back to `sink`, which pauses.
-            conn._fast = None
-            if not paused:
-                paused.append(True)
-                conn.pause()
-                loop.create_task(_resume_when_drained(transport, conn, paused))
-
-        fast = (transport.write, timer, timer.gaps, transport.get_write_buffer_size, _HIGH_WATER, pressure,
-                transport.is_closing)
-
-    def armed_sink(data: bytes) -> None:
-        sink(data)
-        # Re-decided after every read Python handled: a partial event it now holds (an event
-        # split across chunks) must have its next chunk come here too, to be joined.
-        conn._fast = fast if not head and not paused and not terminated and timer.plain_next else None
+                hold_upstream()
+        if fast is not None:
+            # Re-decided after every read Python handled: a partial event it now holds (an event
+            # split across chunks) must have its next chunk come here too, to be joined.
+            conn._fast = fast if not head and not paused and not terminated and timer.plain_next else None
 
     try:
-        error_type = await conn.start_body(sink if fast is None else armed_sink)
+        error_type = await conn.start_body(sink)
     finally:
         if fast is not None:
             conn._fast = None

@@ -9,6 +9,7 @@ to the same bytes, token counts and gaps through the sidecar both ways.
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -86,6 +87,10 @@ class _Transport:
     def __init__(self, closing=False, buffered=0):
         self.written: list[bytes] = []
         self.closing, self.buffered = closing, buffered
+        self.paused = False
+
+    def pause_reading(self):
+        self.paused = True
 
     def write(self, data):
         self.written.append(data)
@@ -143,17 +148,18 @@ def test_only_a_read_that_is_one_plain_chunk_takes_the_c_path(read, taken):
         assert out.written == [] and timer._chunks == 0
 
 
-def test_the_c_path_times_a_token_as_the_python_path_does():
+def test_the_c_path_stamps_tokens_on_the_clock_the_python_path_stamps_them_on():
+    # The relay's clock is time.perf_counter (sidecar/app.py), the read timeout's time.monotonic.
     out = _Transport()
     conn, pieces, timer = armed(out)
-    before = fastrelay.monotonic()
+    before, before_mono = time.perf_counter(), time.monotonic()
     conn.data_received(chunk(TOKEN))
     conn.data_received(chunk(TOKEN))
-    after = fastrelay.monotonic()
+    after, after_mono = time.perf_counter(), time.monotonic()
     # Two tokens: gaps from the timer's last token, each stamped on perf_counter's clock.
     assert timer._chunks == 2 and len(timer.gaps) == 2
     assert before - 1.0 <= timer.gaps[0] <= after - 1.0 and 0 <= timer.gaps[1] <= after - before
-    assert before <= timer._last <= after and before <= conn.last_activity <= after
+    assert before <= timer._last <= after and before_mono <= conn.last_activity <= after_mono
     assert out.written == [chunk(TOKEN)] * 2 and pieces == []
 
 
@@ -218,6 +224,7 @@ def test_live_through_the_sidecar_both_ways(sidecars, upstream, monkeypatch, c_p
     texts = [json.loads(line[6:])["choices"][0]["delta"].get("content")
              for line in answer.decode().split("\n") if line.startswith("data: {")]
     assert texts[1:] == [f"t{i} " for i in range(N)] and answer.endswith(b"data: [DONE]\n\n")
+    live.finished_spans(1)    # the request is accounted (its span ends last) after its bytes went out
     assert live.value("goodput_output_tokens_total", model="scripted", slo_class="interactive") == N
     assert live.value("goodput_itl_seconds_count", model="scripted") == N - 1
     # The script's timings: the first token after 10 ms, then one every 2 ms (a loaded 2-core
@@ -233,60 +240,71 @@ def test_live_through_the_sidecar_both_ways(sidecars, upstream, monkeypatch, c_p
         assert len(python_reads) >= N
 
 
-def test_without_the_c_path_the_protocol_is_the_python_one():
-    # What a machine without a compiler runs (and GOODPUT_NO_FASTRELAY=1 asks for).
-    import os
-    import subprocess
-    import sys
-    code = ("from sidecar import upstream as u\n"
-            "assert not u.FAST_PATH and u.Connection.data_received is u.Connection._py_data_received\n"
-            "assert u._PyBase in u.Connection.__mro__\n")
-    env = dict(os.environ, GOODPUT_NO_FASTRELAY="1")
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
+class _Client:
+    """The fast server's request as relay_sse sees it: a chunked client."""
+    chunked = True
+
+    def __init__(self):
+        self.transport = _Transport()
+
+    def start_response(self, *a):
+        return b"HEAD"
+
+    def end_response(self, terminated=False):
+        pass
 
 
-def test_an_event_split_across_chunks_is_joined_by_python_not_taken_in_halves(sidecars, upstream):
-    # A two-line event whose first line ends one chunk: the second chunk alone looks like a plain
-    # token, but it is the rest of an event Python holds; armed before, the C path must let it by.
+def relayed(monkeypatch, reads, between=None):
+    """Reads fed to a Connection that relay_sse relays to a client; `between(k, client, conn)`
+    runs before read k. Returns (what the client got, the timer, the upstream transport)."""
     import asyncio
 
-    from sidecar.relay import relay_sse
+    import sidecar.relay as relay
 
-    class _Client:
-        chunked = True
-
-        def __init__(self):
-            self.transport = _Transport()
-
-        def start_response(self, *a):
-            return b"HEAD"
-
-        def end_response(self, terminated=False):
-            pass
+    monkeypatch.setattr(relay, "FastRequest", _Client)
 
     async def run():
         conn = Connection(_Pool())
-        conn.connection_made(_Transport())
+        upstream = _Transport()
+        conn.connection_made(upstream)
         conn._done_waiter = asyncio.get_running_loop().create_future()
         conn.data_received(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
         timer = StreamTimer(0.0, "chat")
         client = _Client()
-        import sidecar.relay as relay
-        relay.FastRequest, saved = _Client, relay.FastRequest
-        try:
-            task = asyncio.get_running_loop().create_task(relay_sse(client, conn, timer, fastrelay.monotonic))
-            await asyncio.sleep(0)
-            for read in (chunk(TOKEN), chunk(TOKEN), chunk(b'data: {"choices":[{"delta":{"content":"a"},"finish_reason":"stop"}]}\n'), chunk(TOKEN), chunk(TOKEN)):
-                conn.data_received(read)
-            conn._finish()
-            await task
-        finally:
-            relay.FastRequest = saved
-        return client.transport.written, timer
+        task = asyncio.get_running_loop().create_task(relay.relay_sse(client, conn, timer, time.perf_counter))
+        await asyncio.sleep(0)
+        for k, read in enumerate(reads):
+            if between is not None:
+                between(k, client, conn)
+            conn.data_received(read)
+        conn._finish()
+        await task
+        return client.transport.written, timer, upstream
 
-    written, timer = asyncio.run(run())
+    return asyncio.run(run())
+
+
+def test_an_event_split_across_chunks_is_joined_by_python_not_taken_in_halves(monkeypatch):
+    # A two-line event whose first line ends one chunk: the second chunk alone looks like a plain
+    # token, but it is the rest of an event Python holds; armed before, the C path must let it by.
+    split = chunk(b'data: {"choices":[{"delta":{"content":"a"},"finish_reason":"stop"}]}\n')
+    written, timer, _ = relayed(monkeypatch, [chunk(TOKEN), chunk(TOKEN), split, chunk(TOKEN), chunk(TOKEN)])
     # Tokens 1 and 2 (the second by C), then the split event: two data lines, one event whose
     # payload is not one JSON document, so it counts nothing; the last token is C's again.
     assert timer._chunks == 3 and len(timer.gaps) == 2 and timer._buf == b""
     assert written[-1] == chunk(TOKEN)
+
+
+def test_a_client_that_stops_reading_pauses_the_upstream_from_the_c_path_too(monkeypatch):
+    seen = []
+
+    def fill_up(k, client, conn):
+        seen.append((conn._fast is not None, conn.transport.paused))
+        if k == 1:            # after the first token (Python's), the client's buffer fills
+            client.transport.buffered = 1 << 20
+
+    written, timer, upstream = relayed(monkeypatch, [chunk(TOKEN), chunk(TOKEN), chunk(TOKEN)], fill_up)
+    # Before the second token: armed, reading. The second went by C, which saw the full buffer
+    # and handed back at once: the upstream paused, the C path off, before the third read.
+    assert seen[1:] == [(True, False), (False, True)]
+    assert timer._chunks == 3 and written[1:] == [chunk(TOKEN)] * 2

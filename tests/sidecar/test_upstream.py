@@ -243,3 +243,18 @@ def test_no_answer_within_the_read_timeout_is_504():
 def test_interim_1xx_heads_are_skipped():
     conn, pieces = feed(b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", [30])
     assert conn.head.status == 200 and b"".join(pieces) == b"ok"
+
+
+def test_without_the_c_path_the_protocol_is_the_python_one():
+    # Runs whether or not sidecar/_fastrelay.c is built (tests/sidecar/test_fastrelay.py skips without it).
+    # What a machine without a compiler runs (and GOODPUT_NO_FASTRELAY=1 asks for).
+    import os
+    import subprocess
+    import sys
+    code = ("from sidecar import upstream as u\n"
+            "assert not u.FAST_PATH and u.Connection.data_received is u.Connection._py_data_received\n"
+            "assert u._PyBase in u.Connection.__mro__\n")
+    env = dict(os.environ, GOODPUT_NO_FASTRELAY="1")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
