@@ -257,4 +257,3 @@ def test_without_the_c_path_the_protocol_is_the_python_one():
     env = dict(os.environ, GOODPUT_NO_FASTRELAY="1")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-
