@@ -261,3 +261,21 @@ def test_chunk_hashes_are_keyed_per_process(hashseed):
     runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60).stdout
             for _ in range(2)]
     assert runs[0] and runs[0] != runs[1]
+
+
+def test_advice_cost_script_times_each_step_on_the_benchmarks_bodies(capsys):
+    """scripts/advice_cost.py (the README's hot-loop figures for `requests2k`): it reads the
+    benchmark's own 2,048-token bodies, prints one timing per step, and refuses a bad count."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("advice_cost", "scripts/advice_cost.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--number", "20"]) == 0
+    out = capsys.readouterr().out
+    assert "209 chunks a prompt" in out
+    timed = [line.split() for line in out.splitlines()[1:]]
+    assert [t[0] for t in timed] == ["json.loads", "advice.render", "PromptWindow.analyse_and_add"]
+    assert all(float(t[1]) > 0 and t[2] == "µs" for t in timed)
+    with pytest.raises(SystemExit):
+        script.main(["--number", "0"])
