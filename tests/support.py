@@ -1,5 +1,6 @@
-"""Shared test helpers: free loopback ports, paths, server processes that always stop, and a
-threaded GET server for stand-ins (`GetServer`).
+"""Shared test helpers: free loopback ports, paths, server processes that always stop, a
+threaded GET server for stand-ins (`GetServer`), and the scripts under scripts/ as modules
+(`load_script`).
 
 `ServerProcess` (from goodput_cli.procs, which the demo uses too) starts a command, waits until
 an HTTP URL answers, keeps its output in a log file (shown when a test fails, see conftest.py),
@@ -8,6 +9,7 @@ and stops the process group however the test ends.
 
 from __future__ import annotations
 
+import importlib.util
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,6 +20,14 @@ from goodput_cli.procs import ServerProcess, goodput_command  # noqa: F401  (re-
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED = REPO_ROOT.parent / "shared"
 TRACES = SHARED / "traces"
+
+
+def load_script(name: str):
+    """scripts/<name> loaded as a module (scripts/ is not a package), for tests of its functions."""
+    spec = importlib.util.spec_from_file_location(Path(name).stem, REPO_ROOT / "scripts" / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def free_port() -> int:

@@ -10,6 +10,7 @@ from goodput_cli.demo_plan import DEFAULT_PHASES, PhaseSpec, parse_phases, phase
 from goodput_cli.demo_report import lead_times, phase_figures, report_markdown, rolling_attainment
 from sidecar.loadgen.summary import RequestRecord
 from sidecar.loadgen.workload import PlannedRequest
+from tests.support import load_script
 
 
 def _trace(n=500, gap=0.3):
@@ -271,16 +272,13 @@ def test_a_demo_calibration_refits_from_its_records_to_the_capacity_it_printed()
     calibration's own functions, gives the 2.66 req/s the calibration printed. That run's second
     operating point decoded in batches of 6-17: the slope and concave part together read 3.53
     req/s there, the slope alone 2.66, and the calibration planned on the one that serves less."""
-    import importlib.util
     import json
     from pathlib import Path
 
     from forecaster.service_model import Slo, TokenMix
     from goodput_cli.demo_plan import read_calibration_records
 
-    spec = importlib.util.spec_from_file_location("spread", "scripts/calibration_spread.py")
-    spread = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(spread)
+    spread = load_script("calibration_spread.py")
     data = Path(__file__).parent / "data"
     stages = read_calibration_records(data / "demo-smollm2-epyc-2026-12-07d.calibration-records.jsonl.gz")
     assert [s for s, _ in stages][:3] == ["warm-up", "prefill-short", "prefill-long"]

@@ -17,7 +17,7 @@ from forecaster.service_model import ServiceModel, Slo, TokenMix
 from forecaster.simulate.fleet import RequestFleet
 from forecaster.simulate.profiles import H100_70B, ServiceProfile
 from forecaster.simulate.traces import RequestTrace, read_azure_csv
-from tests.support import TRACES
+from tests.support import TRACES, load_script
 
 
 def _poisson_trace(rate, seconds, prompts, outputs, seed=1, start=0.0):
@@ -392,12 +392,7 @@ def test_prefill_queue_tail_matches_an_exact_mg1_for_constant_and_exponential_pr
 
 
 def _accuracy_script():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("accuracy", "scripts/service_model_accuracy.py")
-    accuracy = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(accuracy)
-    return accuracy
+    return load_script("service_model_accuracy.py")
 
 
 def test_the_accuracy_script_relearns_from_recorded_scrapes(tmp_path):

@@ -15,7 +15,7 @@ import pytest
 
 from sidecar.advice import PromptWindow, chunk_text, render
 from sidecar.advisor import Advisor
-from tests.support import TRACES, ServerProcess, free_port, goodput_command
+from tests.support import TRACES, ServerProcess, free_port, goodput_command, load_script
 
 MOONCAKE = TRACES / "mooncake_conversation.jsonl"
 needs_traces = pytest.mark.skipif(not MOONCAKE.exists(), reason="needs ../shared/traces")
@@ -266,11 +266,7 @@ def test_chunk_hashes_are_keyed_per_process(hashseed):
 def test_advice_cost_script_times_each_step_on_the_benchmarks_bodies(capsys):
     """scripts/advice_cost.py (the README's hot-loop figures for `requests2k`): it reads the
     benchmark's own 2,048-token bodies, prints one timing per step, and refuses a bad count."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("advice_cost", "scripts/advice_cost.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("advice_cost.py")
     assert script.main(["--number", "20"]) == 0
     out = capsys.readouterr().out
     assert "209 chunks a prompt" in out
