@@ -4,12 +4,15 @@ The KV cache of one layer is a flat slot array of shape (num_blocks * block_size
 head_dim); slot = block_id * block_size + offset. Gathers use F.embedding on that 2-D layout:
 measured 2.7x faster than index_select on a 3-D (slots, heads, dim) cache on this CPU. `slot_mapping` says where each new token's K/V
 goes; `AttentionMetadata` says, per sequence, which slots hold its context. Decode sequences (one
-query token) are attended in one padded batch; prefill chunks one sequence at a time.
+query token) are attended in padded batches, grouped by context length so that a long context
+does not pad every short one to its length; prefill chunks one sequence at a time.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -26,13 +29,87 @@ class PrefillSeq:
 
 
 @dataclass
+class DecodeGroup:
+    """Decode sequences attended in one padded batch: one query each, keys gathered to the
+    group's longest context."""
+    index: torch.Tensor           # (n,) positions of these sequences among the step's decodes, ascending
+    rows: torch.Tensor            # (n,) their rows in the flattened batch
+    slots: torch.Tensor           # (n, max_context) padded slot table
+    mask: torch.Tensor | None     # (n, 1, 1, max_context) True where a key is real; None if all are
+
+    @staticmethod
+    def build(members: list[tuple[int, torch.Tensor]], index: list[int], device) -> "DecodeGroup":
+        width = max(len(s) for _, s in members)
+        table = torch.zeros(len(members), width, dtype=torch.long)
+        mask = torch.zeros(len(members), width, dtype=torch.bool)
+        for i, (_, s) in enumerate(members):
+            table[i, : len(s)] = s
+            mask[i, : len(s)] = True
+        return DecodeGroup(torch.tensor(index, dtype=torch.long, device=device),
+                           torch.tensor([r for r, _ in members], dtype=torch.long, device=device), table.to(device),
+                           # equal lengths (always at batch 1) need no mask: cheaper SDPA
+                           None if bool(mask.all()) else mask[:, None, None, :].to(device))
+
+
+# What one more padded group costs (its gathers, attention calls and scatters in every layer), in
+# padded key slots. Timed on a SmolLM2 decode step (float32, 2-core Xeon, 2026-12-07) with the
+# demo's prompt lengths: 256 and 512 both cut batch 64 from 340 to 224-234 ms; 512 cost least at
+# batch 4-8 (+1 to +7 % against one group, 128 and 256 +10 %).
+GROUP_COST_SLOTS = 512
+
+
+def _group_by_length(lengths: list[int], block_size: int) -> list[list[int]]:
+    """Split decode sequences into groups of similar context length, each padded to its longest.
+
+    One padded batch costs every sequence the longest context: one 540-token sequence among 63 of
+    70 took a SmolLM2 decode step on CPU from 191 to 714 ms. Sorted by length (rounded up to
+    blocks), the split is the one that minimises the padded slots plus GROUP_COST_SLOTS a group,
+    found exactly by dynamic programming over the distinct rounded lengths (at most
+    max_model_len / block_size of them). Returns lists of indices into `lengths`, shortest group first.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    widths, counts = [], []
+    for i in order:
+        w = -(-lengths[i] // block_size) * block_size
+        if widths and widths[-1] == w:
+            counts[-1] += 1
+        else:
+            widths.append(w)
+            counts.append(1)
+    m = len(widths)
+    if m == 1:
+        return [list(range(len(lengths)))]
+    # best[j]: least cost of the first j distinct widths; cut[j]: where its last group starts.
+    best = [0.0] + [math.inf] * m
+    cut = [0] * (m + 1)
+    for j in range(1, m + 1):
+        n = 0
+        for i in range(j, 0, -1):       # last group covers widths i-1 .. j-1
+            n += counts[i - 1]
+            c = best[i - 1] + GROUP_COST_SLOTS + n * widths[j - 1]
+            if c < best[j]:
+                best[j], cut[j] = c, i - 1
+    bounds, j = [], m
+    while j > 0:
+        bounds.append((cut[j], j))
+        j = cut[j]
+    groups, pos = [], 0
+    starts = [0]
+    for c in counts:
+        starts.append(starts[-1] + c)
+    for lo, hi in reversed(bounds):
+        groups.append(sorted(order[starts[lo]:starts[hi]]))   # batch order within a group
+    return groups
+
+
+@dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor               # (num_tokens,) where each new token's K/V is written
     prefills: list[PrefillSeq]
-    # Decode sequences: rows in the flattened batch, padded slot table and its validity mask.
+    # Decode sequences: their rows in the flattened batch, in batch order, and the groups of
+    # similar context length they are attended in (each padded to its own longest context).
     decode_rows: torch.Tensor | None = None  # (B,)
-    decode_slots: torch.Tensor | None = None  # (B, max_context)
-    decode_mask: torch.Tensor | None = None   # (B, 1, 1, max_context) True where a key is real; None if all are
+    decode_groups: list[DecodeGroup] = field(default_factory=list)
 
     @staticmethod
     def build(seqs: list[tuple[int, int, int, list[int]]], block_size: int, device="cpu") -> "AttentionMetadata":
@@ -53,16 +130,9 @@ class AttentionMetadata:
                 prefills.append(PrefillSeq(start, qlen, ctx, slots.to(device), mask))
         meta = AttentionMetadata(slot_mapping=torch.cat(slot_parts).to(device), prefills=prefills)
         if dec:
-            width = max(len(s) for _, s in dec)
-            table = torch.zeros(len(dec), width, dtype=torch.long)
-            mask = torch.zeros(len(dec), width, dtype=torch.bool)
-            for i, (_, s) in enumerate(dec):
-                table[i, : len(s)] = s
-                mask[i, : len(s)] = True
             meta.decode_rows = torch.tensor([r for r, _ in dec], dtype=torch.long, device=device)
-            meta.decode_slots = table.to(device)
-            if not bool(mask.all()):  # equal lengths (always at batch 1) need no mask: cheaper SDPA
-                meta.decode_mask = mask[:, None, None, :].to(device)
+            for members in _group_by_length([len(s) for _, s in dec], block_size):
+                meta.decode_groups.append(DecodeGroup.build([dec[i] for i in members], members, device))
         return meta
 
 
@@ -77,7 +147,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     k_cache.index_copy_(0, meta.slot_mapping, k.reshape(T, KV * D))
     v_cache.index_copy_(0, meta.slot_mapping, v.reshape(T, KV * D))
     if not meta.prefills:
-        # A pure decode step: rows are the sequences in order, no scatter needed.
+        # A pure decode step: rows are the sequences in order.
         return _decode(q, k_cache, v_cache, meta, scale, KV, D)
     out = torch.empty_like(q)
     for p in meta.prefills:
@@ -95,9 +165,20 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
 
 
 def _decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, KV: int, D: int) -> torch.Tensor:
-    """One query per sequence, keys gathered into a padded (B, KV, C, D) batch. q: (B, H, D)."""
-    B, C = meta.decode_slots.shape
-    kd = F.embedding(meta.decode_slots, k_cache).view(B, C, KV, D).transpose(1, 2)
-    vd = F.embedding(meta.decode_slots, v_cache).view(B, C, KV, D).transpose(1, 2)
-    o = F.scaled_dot_product_attention(q.unsqueeze(2), kd, vd, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True)
+    """One query per decode sequence (q: (B, H, D), in meta.decode_rows' order), each group's keys
+    gathered into a padded (n, KV, C, D) batch."""
+    groups = meta.decode_groups
+    if len(groups) == 1:   # all of them, in batch order
+        return _attend(q, k_cache, v_cache, groups[0], scale, KV, D)
+    out = torch.empty_like(q)
+    for g in groups:
+        out.index_copy_(0, g.index, _attend(q.index_select(0, g.index), k_cache, v_cache, g, scale, KV, D))
+    return out
+
+
+def _attend(q, k_cache, v_cache, g: DecodeGroup, scale: float, KV: int, D: int) -> torch.Tensor:
+    n, C = g.slots.shape
+    kd = F.embedding(g.slots, k_cache).view(n, C, KV, D).transpose(1, 2)
+    vd = F.embedding(g.slots, v_cache).view(n, C, KV, D).transpose(1, 2)
+    o = F.scaled_dot_product_attention(q.unsqueeze(2), kd, vd, attn_mask=g.mask, scale=scale, enable_gqa=True)
     return o.squeeze(2)

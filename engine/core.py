@@ -107,7 +107,6 @@ class LLMEngine:
         detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids) if detokenize and self.tokenizer else None
         self._out[request_id] = _OutputState(detok, list(params.stop))
         self.scheduler.add(req)
-        self.num_prompt_tokens += n
         return req
 
     def abort(self, request_id: str) -> None:
@@ -128,6 +127,10 @@ class LLMEngine:
             req = reqs[rid]
             req.output_token_ids.append(token)
             self.num_generation_tokens += 1
+            if len(req.output_token_ids) == 1:
+                # Counted when the prefill ends, as vLLM counts vllm:prompt_tokens (at a request's
+                # first token): counted at arrival, a backlog's prompts read as computed before they were.
+                self.num_prompt_tokens += len(req.prompt_token_ids)
             outputs.append(self._process(req, token))
         return outputs
 

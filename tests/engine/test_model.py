@@ -56,6 +56,28 @@ def test_greedy_batch_matches_transformers(make_engine, tiny_tokenizer, referenc
     assert engine.kv.pool.num_free_blocks == 128
 
 
+@pytest.mark.parametrize("budget", [512, 24], ids=["decode-steps", "mixed-steps"])
+def test_greedy_matches_transformers_with_decodes_in_groups(make_engine, tiny_tokenizer, reference, monkeypatch, budget):
+    from engine import attention
+
+    monkeypatch.setattr(attention, "GROUP_COST_SLOTS", 0)    # a group per distinct width: the most splits
+    groups = []
+    build = attention.AttentionMetadata.build
+
+    def spy(*args, **kwargs):
+        meta = build(*args, **kwargs)
+        groups.append((len(meta.decode_groups), bool(meta.prefills)))
+        return meta
+
+    monkeypatch.setattr(attention.AttentionMetadata, "build", staticmethod(spy))
+    engine = make_engine(num_blocks=128, max_num_batched_tokens=budget)
+    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    assert engine.generate(prompts(tiny_tokenizer), params) == reference
+    assert max(n for n, _ in groups) >= 4
+    if budget == 24:   # prompts chunked beside decodes in several groups
+        assert any(n >= 2 and mixed for n, mixed in groups)
+
+
 def test_greedy_identical_under_preemption(make_engine, tiny_tokenizer, reference):
     # 12 blocks hold 192 tokens; the six requests need 1+1+3+5+5+6 = 21 blocks at their longest
     # (prompt + 20 tokens), so running them together must preempt, and recompute must not change a token.
@@ -100,3 +122,19 @@ def test_projection_paths_agree(rows):
     # Packed (17..32 rows, padded to 32) or plain, every row count gives x @ W_t. Proj takes the
     # checkpoint's (out, in) weight, as F.linear does.
     assert torch.allclose(Proj(w_t.t(), packed=True)(x), x @ w_t, atol=1e-4)
+
+
+def test_prompt_tokens_counted_when_the_prefill_ends(make_engine, tiny_tokenizer):
+    # As vLLM counts vllm:prompt_tokens: at a request's first token, not when it arrives (a backlog's
+    # prompts would read as computed while they wait), and once, however often it is recomputed.
+    engine = make_engine(num_blocks=64, max_num_batched_tokens=16)
+    ids = tiny_tokenizer.encode(TEXT)[:40]
+    engine.add_request("a", ids, SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    engine.step()
+    engine.step()
+    assert engine.num_prompt_tokens == 0         # 32 of 40 computed, no token yet
+    engine.step()
+    assert engine.num_prompt_tokens == 40
+    while engine.has_work():
+        engine.step()
+    assert engine.num_prompt_tokens == 40
