@@ -267,7 +267,7 @@ def test_a_noisy_eight_stream_probe_does_not_move_the_capacity(probe8_error):
 
 
 def test_a_demo_calibration_refits_from_its_records_to_the_capacity_it_printed():
-    """The README's `make demo` run of 2026-12-07 (AMD EPYC): its calibration-records.jsonl (the
+    """A `make demo` run of 2026-12-07 (AMD EPYC; docs/demo/runs.md (d)): its calibration-records.jsonl (the
     inter-token gaps dropped), read back and refitted by scripts/calibration_spread.py through the
     calibration's own functions, gives the 2.66 req/s the calibration printed. That run's second
     operating point decoded in batches of 6-17: the slope and concave part together read 3.53
