@@ -54,7 +54,7 @@ class DecodeGroup:
 # What one more padded group costs (its gathers, attention calls and scatters in every layer), in
 # padded key slots. Timed on a SmolLM2 decode step (float32, 2-core Xeon, 2026-12-07) with the
 # demo's prompt lengths: 256 and 512 both cut batch 64 from 340 to 224-234 ms; 512 cost least at
-# batch 4-8 (+1 to +7 % against one group, 128 and 256 +10 %).
+# batch 4 and 8 (+1.5 and +7 % against one group; 128 and 256: +7 to +11 %).
 GROUP_COST_SLOTS = 512
 
 
