@@ -10,9 +10,8 @@ does not pad every short one to its length; prefill chunks one sequence at a tim
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import math
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -53,8 +52,9 @@ class DecodeGroup:
 
 # What one more padded group costs (its gathers, attention calls and scatters in every layer), in
 # padded key slots. Timed on a SmolLM2 decode step (float32, 2-core Xeon, 2026-12-07) with the
-# demo's prompt lengths: 256 and 512 both cut batch 64 from 340 to 224-234 ms; 512 cost least at
-# batch 4 and 8 (+1.5 and +7 % against one group; 128 and 256: +7 to +11 %).
+# demo's prompt lengths, three draws a batch: 256 and 512 both cut batch 64 by about a third
+# there; 512 cost least at batch 4 and 8 (+1.5 and +7 % against one group; 128 and 256: +7 to
+# +11 %). scripts/decode_mixed_lengths.py times grouped against padded.
 GROUP_COST_SLOTS = 512
 
 
@@ -62,7 +62,8 @@ def _group_by_length(lengths: list[int], block_size: int) -> list[list[int]]:
     """Split decode sequences into groups of similar context length, each padded to its longest.
 
     One padded batch costs every sequence the longest context: one 540-token sequence among 63 of
-    70 took a SmolLM2 decode step on CPU from 191 to 714 ms. Sorted by length (rounded up to
+    70 took a SmolLM2 decode step at 64 on a 2-core CPU from 160-221 ms to 235-714 ms (grouped:
+    152-207). Sorted by length (rounded up to
     blocks), the split is the one that minimises the padded slots plus GROUP_COST_SLOTS a group,
     found exactly by dynamic programming over the distinct rounded lengths (at most
     max_model_len / block_size of them). Returns lists of indices into `lengths`, shortest group first.
@@ -93,8 +94,7 @@ def _group_by_length(lengths: list[int], block_size: int) -> list[list[int]]:
     while j > 0:
         bounds.append((cut[j], j))
         j = cut[j]
-    groups, pos = [], 0
-    starts = [0]
+    groups, starts = [], [0]
     for c in counts:
         starts.append(starts[-1] + c)
     for lo, hi in reversed(bounds):
