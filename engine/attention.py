@@ -63,7 +63,7 @@ def _group_by_length(lengths: list[int], block_size: int) -> list[list[int]]:
 
     One padded batch costs every sequence the longest context: one 540-token sequence among 63 of
     70 took a SmolLM2 decode step at 64 on a 2-core CPU from 160-221 ms to 235-714 ms (grouped:
-    152-207). Sorted by length (rounded up to
+    152-216). Sorted by length (rounded up to
     blocks), the split is the one that minimises the padded slots plus GROUP_COST_SLOTS a group,
     found exactly by dynamic programming over the distinct rounded lengths (at most
     max_model_len / block_size of them). Returns lists of indices into `lengths`, shortest group first.
