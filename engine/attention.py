@@ -31,21 +31,20 @@ class PrefillSeq:
 class DecodeGroup:
     """Decode sequences attended in one padded batch: one query each, keys gathered to the
     group's longest context."""
-    index: torch.Tensor           # (n,) positions of these sequences among the step's decodes, ascending
-    rows: torch.Tensor            # (n,) their rows in the flattened batch
+    rows: torch.Tensor            # (n,) their rows in the flattened batch, ascending
     slots: torch.Tensor           # (n, max_context) padded slot table
     mask: torch.Tensor | None     # (n, 1, 1, max_context) True where a key is real; None if all are
 
     @staticmethod
-    def build(members: list[tuple[int, torch.Tensor]], index: list[int], device) -> "DecodeGroup":
+    def build(members: list[tuple[int, torch.Tensor]], device) -> "DecodeGroup":
+        """members: (row, slots of its context) per sequence, in batch order."""
         width = max(len(s) for _, s in members)
         table = torch.zeros(len(members), width, dtype=torch.long)
         mask = torch.zeros(len(members), width, dtype=torch.bool)
         for i, (_, s) in enumerate(members):
             table[i, : len(s)] = s
             mask[i, : len(s)] = True
-        return DecodeGroup(torch.tensor(index, dtype=torch.long, device=device),
-                           torch.tensor([r for r, _ in members], dtype=torch.long, device=device), table.to(device),
+        return DecodeGroup(torch.tensor([r for r, _ in members], dtype=torch.long, device=device), table.to(device),
                            # equal lengths (always at batch 1) need no mask: cheaper SDPA
                            None if bool(mask.all()) else mask[:, None, None, :].to(device))
 
@@ -62,9 +61,8 @@ def _group_by_length(lengths: list[int], block_size: int) -> list[list[int]]:
     """Split decode sequences into groups of similar context length, each padded to its longest.
 
     One padded batch costs every sequence the longest context: one 540-token sequence among 63 of
-    70 took a SmolLM2 decode step at 64 on a 2-core CPU from 160-221 ms to 235-714 ms (grouped:
-    152-216). Sorted by length (rounded up to
-    blocks), the split is the one that minimises the padded slots plus GROUP_COST_SLOTS a group,
+    70 took a SmolLM2 decode step at 64 on a 2-core CPU from 191-221 ms to 554-714 ms (grouped:
+    207-234; scripts/decode_mixed_lengths.py). Sorted by length (rounded up to blocks), the split is the one that minimises the padded slots plus GROUP_COST_SLOTS a group,
     found exactly by dynamic programming over the distinct rounded lengths (at most
     max_model_len / block_size of them). Returns lists of indices into `lengths`, shortest group first.
     """
@@ -106,9 +104,7 @@ def _group_by_length(lengths: list[int], block_size: int) -> list[list[int]]:
 class AttentionMetadata:
     slot_mapping: torch.Tensor               # (num_tokens,) where each new token's K/V is written
     prefills: list[PrefillSeq]
-    # Decode sequences: their rows in the flattened batch, in batch order, and the groups of
-    # similar context length they are attended in (each padded to its own longest context).
-    decode_rows: torch.Tensor | None = None  # (B,)
+    # Decode sequences, in groups of similar context length (each padded to its own longest).
     decode_groups: list[DecodeGroup] = field(default_factory=list)
 
     @staticmethod
@@ -130,9 +126,8 @@ class AttentionMetadata:
                 prefills.append(PrefillSeq(start, qlen, ctx, slots.to(device), mask))
         meta = AttentionMetadata(slot_mapping=torch.cat(slot_parts).to(device), prefills=prefills)
         if dec:
-            meta.decode_rows = torch.tensor([r for r, _ in dec], dtype=torch.long, device=device)
-            for members in _group_by_length([len(s) for _, s in dec], block_size):
-                meta.decode_groups.append(DecodeGroup.build([dec[i] for i in members], members, device))
+            meta.decode_groups = [DecodeGroup.build([dec[i] for i in members], device)
+                                  for members in _group_by_length([len(s) for _, s in dec], block_size)]
         return meta
 
 
@@ -146,9 +141,10 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     T, KV, D = k.shape
     k_cache.index_copy_(0, meta.slot_mapping, k.reshape(T, KV * D))
     v_cache.index_copy_(0, meta.slot_mapping, v.reshape(T, KV * D))
-    if not meta.prefills:
-        # A pure decode step: rows are the sequences in order.
-        return _decode(q, k_cache, v_cache, meta, scale, KV, D)
+    groups = meta.decode_groups
+    if not meta.prefills and len(groups) == 1:
+        # A pure decode step in one group: its rows are all of them, in order; nothing to scatter.
+        return _attend(q, k_cache, v_cache, groups[0], scale, KV, D)
     out = torch.empty_like(q)
     for p in meta.prefills:
         qs = q[p.query_start: p.query_start + p.query_len].transpose(0, 1).unsqueeze(0)
@@ -159,24 +155,13 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
         else:
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=p.mask, scale=scale, enable_gqa=True)
         out[p.query_start: p.query_start + p.query_len] = o[0].transpose(0, 1)
-    if meta.decode_rows is not None:
-        out.index_copy_(0, meta.decode_rows, _decode(q.index_select(0, meta.decode_rows), k_cache, v_cache, meta, scale, KV, D))
-    return out
-
-
-def _decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, KV: int, D: int) -> torch.Tensor:
-    """One query per decode sequence (q: (B, H, D), in meta.decode_rows' order), each group's keys
-    gathered into a padded (n, KV, C, D) batch."""
-    groups = meta.decode_groups
-    if len(groups) == 1:   # all of them, in batch order
-        return _attend(q, k_cache, v_cache, groups[0], scale, KV, D)
-    out = torch.empty_like(q)
     for g in groups:
-        out.index_copy_(0, g.index, _attend(q.index_select(0, g.index), k_cache, v_cache, g, scale, KV, D))
+        out.index_copy_(0, g.rows, _attend(q.index_select(0, g.rows), k_cache, v_cache, g, scale, KV, D))
     return out
 
 
 def _attend(q, k_cache, v_cache, g: DecodeGroup, scale: float, KV: int, D: int) -> torch.Tensor:
+    """One query per sequence of the group (q: (n, H, D)), keys gathered into a padded (n, KV, C, D) batch."""
     n, C = g.slots.shape
     kd = F.embedding(g.slots, k_cache).view(n, C, KV, D).transpose(1, 2)
     vd = F.embedding(g.slots, v_cache).view(n, C, KV, D).transpose(1, 2)

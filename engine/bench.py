@@ -49,14 +49,21 @@ def _prompts(engine, batch: int, length: int) -> list[list[int]]:
     return [[(t + 7919 * i) % 40000 + 100 for t in base] for i in range(batch)]
 
 
-def engine_decode(engine, batch: int, steps: int) -> dict:
-    """Median time of pure decode steps with `batch` running sequences."""
+def engine_decode(engine, batch: int, steps: int, lengths: list[int] | None = None) -> dict:
+    """Median time of pure decode steps with `batch` running sequences, each from a prompt of
+    PROMPT_LEN tokens or of lengths[i] (scripts/decode_mixed_lengths.py: contexts of mixed lengths)."""
     from engine.request import SamplingParams
 
+    lengths = [PROMPT_LEN] * batch if lengths is None else list(lengths)
+    if len(lengths) != batch or min(lengths) < 1:
+        raise ValueError(f"need {batch} prompt lengths >= 1, got {lengths}")
     engine.kv.pool.reset_prefix_cache()
-    params = SamplingParams(max_tokens=steps + 2, temperature=0, ignore_eos=True)
-    for i, p in enumerate(_prompts(engine, batch, PROMPT_LEN)):
-        engine.add_request(f"dec{batch}-{i}", p, params, detokenize=False)
+    # The first admitted decode while the rest prefill (a step takes max_num_batched_tokens of
+    # prompt), so each gets that many more tokens: `steps` steps with the whole batch decoding.
+    prefill_steps = -(-sum(lengths) // engine.scheduler.max_num_batched_tokens)
+    params = SamplingParams(max_tokens=steps + 2 + prefill_steps, temperature=0, ignore_eos=True)
+    for i, (p, n) in enumerate(zip(_prompts(engine, batch, max(lengths)), lengths)):
+        engine.add_request(f"dec{batch}-{i}", p[:n], params, detokenize=False)
     times = []
     while engine.has_work():
         decoding = all(r.num_computed_tokens >= len(r.prompt_token_ids) for r in engine.scheduler.running) \

@@ -9,7 +9,7 @@ JSON, rendering the prompt into chunks (sidecar/advice.py `render`), and the win
 bodies repeat, so after the first pass each prompt is found whole in the window, as in the
 benchmark, which cycles the same bodies). A hot
 loop is a floor: inside the sidecar each request runs these once, cold (on the Xeon host of
-2026-12-07 the three came to about 110 µs here, and a 2,048-token prompt added 260 µs a request
+2026-12-07 the three came to 96-107 µs here in three runs, and a 2,048-token prompt added 260 µs a request
 in `goodput bench sidecar`). It is a timing: run it alone.
 """
 

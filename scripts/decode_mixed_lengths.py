@@ -2,13 +2,14 @@
 grouping by length (engine/attention.py) and without it (one batch padded to the longest, as the
 engine did until 2026-12-07), side by side in one process.
 
-    python scripts/decode_mixed_lengths.py [--model smollm2] [--batches 8,32,64] [--steps 8]
+    python scripts/decode_mixed_lengths.py [--model smollm2] [--batches 8,32,64] [--steps 8] [--draws 8]
 
 Rows: every sequence 70 tokens; one of them 540 tokens; lengths drawn from the demo's Mooncake mix
 (its prompts plus up to 30 generated tokens; the mean over --draws draws, since how often a long
 prompt is in the batch is the point). In-process LLMEngine with the serve defaults (token budget
-512, 64 sequences), float32, all cores; the median step of each; prints the load average before
-and after.
+512, 64 sequences), float32, all cores; the median step of each, timed by `goodput bench
+engine`'s own decode timer (engine/bench.py engine_decode); prints the load average before and
+after.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import os
 import random
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -32,38 +32,21 @@ def main() -> int:
     p.add_argument("--draws", type=int, default=8, help="draws of the demo's mix per batch (default 8)")
     args = p.parse_args()
     from engine import attention
-    from engine.bench import _prompts
+    from engine.bench import engine_decode
     from engine.config import EngineConfig
     from engine.core import LLMEngine
-    from engine.request import SamplingParams
     from engine.weights import resolve_model
     from goodput_cli.demo import replayed_trace
 
     folder, _ = resolve_model(args.model)
     engine = LLMEngine.from_folder(folder, EngineConfig(max_model_len=2048, num_threads=os.cpu_count() or 1,
                                                         device="cpu", dtype="float32"))
-    base = _prompts(engine, 1, 600)[0]
     mix = [r.input_tokens for r in replayed_trace()[0]]
     grouped = attention.GROUP_COST_SLOTS
-    names = iter(range(10**9))
 
     def step_ms(lengths: list[int], group_cost: int) -> float:
-        attention.GROUP_COST_SLOTS = group_cost
-        params = SamplingParams(max_tokens=args.steps + 4, temperature=0, ignore_eos=True)
-        for n in lengths:
-            k = next(names)
-            engine.add_request(f"r{k}", [(x + 37 * k) % 40000 + 100 for x in base[:n]], params, detokenize=False)
-        sched = engine.scheduler
-        while sched.waiting or any(r.num_computed_tokens < len(r.prompt_token_ids) for r in sched.running):
-            engine.step()
-        times = []
-        for _ in range(args.steps):
-            t = time.perf_counter()
-            engine.step()
-            times.append(time.perf_counter() - t)
-        for r in list(sched.running):
-            engine.abort(r.request_id)
-        return statistics.median(times) * 1000
+        attention.GROUP_COST_SLOTS = group_cost      # out of reach: one padded batch, as before the grouping
+        return engine_decode(engine, len(lengths), args.steps, lengths)["step_s"] * 1000
 
     print(f"load average {os.getloadavg()[0]:.2f}; {os.cpu_count()} cores; median decode step, ms")
     print(f"{'batch':>5}  {'lengths':<34} {'one padded batch':>17} {'grouped':>9} {'ratio':>6}")

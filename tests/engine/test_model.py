@@ -56,10 +56,10 @@ def test_greedy_batch_matches_transformers(make_engine, tiny_tokenizer, referenc
     assert engine.kv.pool.num_free_blocks == 128
 
 
-@pytest.mark.parametrize("budget,blocks", [(512, 128), (24, 128), (64, 12)],
+@pytest.mark.parametrize("budget,blocks,min_groups", [(512, 128, 4), (24, 128, 4), (64, 12, 2)],
                          ids=["decode-steps", "mixed-steps", "under-preemption"])
 def test_greedy_matches_transformers_with_decodes_in_groups(make_engine, tiny_tokenizer, reference, monkeypatch, budget,
-                                                           blocks):
+                                                           blocks, min_groups):
     from engine import attention
 
     monkeypatch.setattr(attention, "GROUP_COST_SLOTS", 0)    # a group per distinct width: the most splits
@@ -75,7 +75,7 @@ def test_greedy_matches_transformers_with_decodes_in_groups(make_engine, tiny_to
     engine = make_engine(num_blocks=blocks, max_num_batched_tokens=budget)
     params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
     assert engine.generate(prompts(tiny_tokenizer), params) == reference
-    assert max(n for n, _ in groups) >= (4 if blocks > 12 else 2)
+    assert max(n for n, _ in groups) >= min_groups
     if blocks == 12:   # recomputed requests rejoin the groups (the pool of 12 blocks forces preemption)
         assert engine.scheduler.num_preemptions > 0
     if budget == 24:   # prompts chunked beside decodes in several groups
@@ -142,3 +142,9 @@ def test_prompt_tokens_counted_when_the_prefill_ends(make_engine, tiny_tokenizer
     while engine.has_work():
         engine.step()
     assert engine.num_prompt_tokens == 40
+    # Recomputed after preemption (the pool of 12 blocks of the test above), still counted once.
+    engine = make_engine(num_blocks=12, max_num_batched_tokens=64)
+    ps = prompts(tiny_tokenizer)
+    engine.generate(ps, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))
+    assert engine.scheduler.num_preemptions > 0
+    assert engine.num_prompt_tokens == sum(len(p) for p in ps)
